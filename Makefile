@@ -1,0 +1,32 @@
+# Quickstart: `make demo` trains a tiny GPT with a selection callback; `make test` runs the suite.
+# Both create .venv if missing and install the package (torch pinned to the CPU wheel build).
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+STAMP := $(VENV)/.installed-stamp
+DATA := data/default
+RUN := runs/demo
+
+.PHONY: demo test data clean
+
+$(STAMP): pyproject.toml
+	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q torch==2.13.0
+	$(BIN)/python -m pip install -q -e '.[dev]'
+	touch $(STAMP)
+
+data: $(STAMP)
+	$(BIN)/python -m selection_callbacks.data.default --out $(DATA)
+
+demo: data
+	$(BIN)/python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/high_loss.yaml \
+		--data.pool $(DATA)/pool.jsonl --data.target $(DATA)/target.jsonl --data.val $(DATA)/val.jsonl \
+		--trainer.default_root_dir $(RUN) --trainer.enable_progress_bar false
+	@echo "metrics: $(RUN)/metrics.json"
+
+test: $(STAMP)
+	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+
+clean:
+	rm -rf $(RUN) lightning_logs .pytest_cache

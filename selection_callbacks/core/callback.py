@@ -1,0 +1,175 @@
+"""``SelectionCallback``: score a superbatch, keep K, hand the K rows to ``training_step``."""
+
+from __future__ import annotations
+
+import math
+from abc import ABC, abstractmethod
+import time
+from collections.abc import MutableMapping
+from typing import Any, Literal
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_warn
+from typing_extensions import override
+
+from selection_callbacks.core.contract import SuperbatchError, subset_in_place, superbatch_size
+from selection_callbacks.core.rng import micro_batch_generator
+from selection_callbacks.core.sampling import effective_sample_size, make_rule
+
+
+class SelectionCallback(L.Callback, ABC):
+    """Base class of the online selection methods.
+
+    In ``on_train_batch_start`` (once per micro-batch) it validates the dict superbatch of N
+    candidates, computes ``score(...)`` [N], chooses K = round(ratio·N) (or ``k``) with the
+    sampling rule, and subsets every per-sample entry of the batch *in place*, so the
+    LightningModule's ``training_step`` sees exactly the K chosen rows. Randomness comes from
+    a generator derived from (seed, epoch, batch index): no RNG state to checkpoint.
+
+    Logged every micro-batch: ``select/overhead_ms``, ``select/kept_fraction``,
+    ``select/score_mean``, ``select/score_std``, ``select/ess`` and ``select/domain/<name>``.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[HighLossSelection(ratio=0.5)], max_steps=100)
+        trainer.fit(model, datamodule=PoolDataModule(..., batch_size=16, ratio=0.5))
+
+    Args:
+        ratio: kept fraction ρ = K/N in (0, 1].
+        k: keep exactly this many per micro-batch instead (N < k is an error).
+        sampling: ``"top_k"``, ``"gumbel"`` (Gumbel-top-K) or ``"uniform"``.
+        temperature: Gumbel-top-K temperature in score units.
+        seed: selection seed.
+        nonfinite: ``"error"`` raises on NaN/inf scores; ``"lowest"`` ranks them below every
+            finite score and logs ``select/nonfinite`` with a warning.
+    """
+
+    def __init__(
+        self,
+        ratio: float = 0.5,
+        k: int | None = None,
+        sampling: Literal["top_k", "gumbel", "uniform"] = "top_k",
+        temperature: float = 1.0,
+        seed: int = 0,
+        nonfinite: Literal["error", "lowest"] = "error",
+    ) -> None:
+        if not 0.0 < ratio <= 1.0:
+            raise ValueError(f"selection ratio must lie in (0, 1], got {ratio}")
+        if k is not None and k < 1:
+            raise ValueError(f"k must be ≥ 1, got {k}")
+        if nonfinite not in ("error", "lowest"):
+            raise ValueError(f"nonfinite must be 'error' or 'lowest', got {nonfinite!r}")
+        self.ratio, self.k, self.seed, self.nonfinite = ratio, k, seed, nonfinite
+        self.sampling, self.temperature = sampling, temperature
+        self.rule = make_rule(sampling, temperature)
+        self.selections = 0
+        self.candidates_seen = 0
+        self.kept = 0
+        self.overhead_seconds = 0.0
+        self.domain_counts: dict[str, int] = {}
+        self.last_selected: torch.Tensor | None = None
+        self.last_scores: torch.Tensor | None = None
+
+    # ---- what a method implements ----
+    @abstractmethod
+    def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:
+        """Scores [N] of the candidates (runs under ``no_grad`` and the trainer's precision); higher is more wanted."""
+
+    # ---- the contract ----
+    def keep(self, n: int) -> int:
+        """K for a superbatch of N."""
+        if self.k is not None:
+            if n < self.k:
+                raise SuperbatchError(f"superbatch has N={n} candidates, fewer than k={self.k}; raise N or lower k")
+            return self.k
+        return max(1, math.floor(self.ratio * n + 0.5))
+
+    def _checked_scores(self, scores: torch.Tensor, n: int, batch: MutableMapping) -> tuple[torch.Tensor, int]:
+        """Scores as float CPU [N] and the number of non-finite ones (error or ranked lowest)."""
+        if not isinstance(scores, torch.Tensor) or scores.shape != (n,):
+            raise ValueError(f"{type(self).__name__}.score returned {getattr(scores, 'shape', type(scores))}, expected [{n}]")
+        scores = scores.detach().float().cpu()
+        bad = ~torch.isfinite(scores)
+        if bad.any():
+            ids = batch.get("sample_id")
+            where = ids[bad.to(ids.device)].tolist()[:8] if isinstance(ids, torch.Tensor) else bad.nonzero().flatten().tolist()[:8]
+            if self.nonfinite == "error":
+                raise FloatingPointError(
+                    f"{type(self).__name__} produced {int(bad.sum())} non-finite score(s) (NaN/inf), e.g. samples {where}; "
+                    "check the model's losses or set nonfinite='lowest' to rank them last"
+                )
+            rank_zero_warn(f"{int(bad.sum())} non-finite selection score(s) ranked lowest (samples {where})")
+            finite = scores[~bad]
+            floor = (finite.min() - 1.0) if finite.numel() else torch.tensor(0.0)
+            scores = torch.where(bad, floor, scores)
+        return scores, int(bad.sum())
+
+    @override
+    def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
+        start = time.perf_counter()
+        n = superbatch_size(batch)
+        k = self.keep(n)
+        with torch.no_grad(), trainer.precision_plugin.train_step_context():
+            raw = self.score(trainer, pl_module, batch, batch_idx)
+        scores, nonfinite = self._checked_scores(raw, n, batch)
+        generator = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx)
+        index = self.rule.select(scores, k, generator)
+        inclusion = self.rule.inclusion(scores, k, generator)
+        domain_share = self._domain_share(trainer, batch, index)
+        subset_in_place(batch, index)
+        self.last_selected, self.last_scores = index, scores
+        overhead = time.perf_counter() - start
+        self.selections += 1
+        self.candidates_seen += n
+        self.kept += k
+        self.overhead_seconds += overhead
+        metrics = {
+            "select/overhead_ms": 1000.0 * overhead,
+            "select/kept_fraction": k / n,
+            "select/score_mean": float(scores.mean()),
+            "select/score_std": float(scores.std()) if n > 1 else 0.0,
+            "select/ess": effective_sample_size(inclusion),
+            **{f"select/domain/{name}": share for name, share in domain_share.items()},
+        }
+        if nonfinite:
+            metrics["select/nonfinite"] = float(nonfinite)
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=k)
+
+    def _domain_share(self, trainer: L.Trainer, batch: MutableMapping, index: torch.Tensor) -> dict[str, float]:
+        domain = batch.get("domain")
+        if not isinstance(domain, torch.Tensor):
+            return {}
+        names = getattr(getattr(trainer, "datamodule", None), "domain_names", None)
+        codes = domain[index.to(domain.device)].tolist()
+        shares: dict[str, float] = {}
+        for code in codes:
+            name = names[code] if names is not None and 0 <= code < len(names) else str(code)
+            shares[name] = shares.get(name, 0.0) + 1.0 / len(codes)
+            self.domain_counts[name] = self.domain_counts.get(name, 0) + 1
+        return shares
+
+    def summary(self) -> dict[str, Any]:
+        """Totals of the run so far: counts, selection seconds and the domain share of the kept."""
+        total = sum(self.domain_counts.values())
+        return {
+            "method": type(self).__name__,
+            "selections": self.selections,
+            "candidates_seen": self.candidates_seen,
+            "kept": self.kept,
+            "overhead_seconds": round(self.overhead_seconds, 4),
+            "domains": {name: c / total for name, c in sorted(self.domain_counts.items())} if total else {},
+        }
+
+    # ---- checkpointing ----
+    _COUNTERS = ("selections", "candidates_seen", "kept", "overhead_seconds")
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {**{c: getattr(self, c) for c in self._COUNTERS}, "domain_counts": dict(self.domain_counts)}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        for c in self._COUNTERS:
+            setattr(self, c, type(getattr(self, c))(state_dict[c]))
+        self.domain_counts = dict(state_dict["domain_counts"])

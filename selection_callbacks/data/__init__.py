@@ -1,0 +1,1 @@
+"""Pool data: read, tokenize, pack, cache and serve superbatches."""

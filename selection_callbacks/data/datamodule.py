@@ -1,0 +1,200 @@
+"""The pool datamodule: pool superbatches for training, target batches for selectors, val for evaluation."""
+
+from __future__ import annotations
+
+import os
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from torch.utils.data import DataLoader, Dataset
+
+from selection_callbacks.data.loader import SuperbatchLoader
+from selection_callbacks.data.packing import PackedSplit, pack_source
+from selection_callbacks.data.subset import SubsetError, read_subset
+from selection_callbacks.data.tokenizer import ByteTokenizer
+
+
+def default_cache_dir() -> Path:
+    """``$SELECTION_CACHE`` or ``~/.cache/selection_callbacks``."""
+    return Path(os.environ.get("SELECTION_CACHE", Path.home() / ".cache" / "selection_callbacks"))
+
+
+def superbatch_size(batch_size: int, ratio: float) -> int:
+    """N such that keeping ``ratio·N`` gives exactly K = ``batch_size`` sequences."""
+    if not 0.0 < ratio <= 1.0:
+        raise ValueError(f"selection ratio must lie in (0, 1], got {ratio}; ratio = K/N is the kept fraction")
+    if batch_size < 1:
+        raise ValueError(f"batch_size (K, sequences trained per micro-batch) must be ≥ 1, got {batch_size}")
+    return round(batch_size / ratio)
+
+
+class _SampleDataset(Dataset):
+    def __init__(self, split: PackedSplit, ids: np.ndarray) -> None:
+        self.split, self.ids = split, ids
+
+    def __len__(self) -> int:
+        return len(self.ids)
+
+    def __getitem__(self, i: int) -> dict[str, torch.Tensor]:
+        return {k: v[0] for k, v in self.split.batch(self.ids[i : i + 1]).items()}
+
+
+class PoolDataModule(L.LightningDataModule):
+    """Pool, target and val splits packed into fixed-length sequences.
+
+    Training yields superbatches of N = K/ratio pool sequences as dicts (``input_ids``,
+    ``labels`` [N, T], ``sample_id``, ``domain`` [N]); a :class:`SelectionCallback` keeps K.
+    Selectors may read the target split (:meth:`target_batch`); only evaluation reads val.
+
+    Example::
+
+        dm = PoolDataModule("data/default/pool.jsonl", "data/default/target.jsonl",
+                            "data/default/val.jsonl", seq_len=128, batch_size=16, ratio=0.5)
+
+    Args:
+        pool: candidate documents (jsonl, parquet or a folder of text files).
+        target: documents selectors may look at.
+        val: evaluation documents; no selector reads them.
+        seq_len: T, tokens per training sequence.
+        batch_size: K, sequences trained per micro-batch (per rank).
+        ratio: kept fraction ρ = K/N of each superbatch.
+        seed: shuffling seed (same seed, same candidate stream).
+        subset: optional subset file (parquet, ``doc_id`` or ``sample_id`` [+ ``weight``]).
+        val_batch_size: sequences per validation batch.
+        val_samples: evaluate on this many val sequences (evenly spaced); all if None.
+        cache_dir: where packed tokens are cached (default ``$SELECTION_CACHE`` or ~/.cache).
+        num_workers: loader workers.
+        progress: show tokenisation progress bars.
+    """
+
+    def __init__(
+        self,
+        pool: str,
+        target: str,
+        val: str,
+        seq_len: int = 128,
+        batch_size: int = 16,
+        ratio: float = 0.5,
+        seed: int = 0,
+        subset: str | None = None,
+        val_batch_size: int = 64,
+        val_samples: int | None = None,
+        cache_dir: str | None = None,
+        num_workers: int = 0,
+        progress: bool = True,
+    ) -> None:
+        super().__init__()
+        self.superbatch_size = superbatch_size(batch_size, ratio)
+        if seq_len < 1:
+            raise ValueError(f"seq_len must be ≥ 1, got {seq_len}")
+        self.paths = {"pool": pool, "target": target, "val": val}
+        self.seq_len, self.batch_size, self.ratio, self.seed = seq_len, batch_size, ratio, seed
+        self.subset_path = subset
+        self.val_batch_size, self.val_samples = val_batch_size, val_samples
+        self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
+        self.num_workers, self.progress = num_workers, progress
+        self.tokenizer = ByteTokenizer()
+        self.splits: dict[str, PackedSplit] = {}
+        self._train_ids: np.ndarray | None = None
+        self._train_weights: np.ndarray | None = None
+
+    @property
+    def vocab_size(self) -> int:
+        return self.tokenizer.vocab_size
+
+    @property
+    def domain_names(self) -> list[str]:
+        """Names of the ``domain`` codes in training batches."""
+        return self.splits["pool"].domain_names
+
+    def _pack(self, name: str, doc_filter: list[str] | None = None) -> PackedSplit:
+        return pack_source(
+            self.paths[name], self.seq_len, self.cache_dir, self.tokenizer, doc_filter, name=name, progress=self.progress
+        )
+
+    def prepare_data(self) -> None:
+        """Tokenize and cache every split once (local rank 0 only under DDP)."""
+        for name in self.paths:
+            self._pack(name)
+        subset = read_subset(self.subset_path) if self.subset_path else None
+        if subset is not None and subset.kind == "doc_id":
+            self._pack("pool", subset.ids)
+
+    def setup(self, stage: str | None = None) -> None:
+        if self.splits:
+            return
+        for name in self.paths:
+            self.splits[name] = self._pack(name)
+        pool = self.splits["pool"]
+        self._train_ids = np.arange(len(pool), dtype=np.int64)
+        if self.subset_path:
+            subset = read_subset(self.subset_path)
+            if subset.kind == "doc_id":
+                pool = self.splits["pool"] = self._pack("pool", subset.ids)
+                order = {d: i for i, d in enumerate(pool.doc_ids.tolist())}
+                self._train_ids = np.arange(len(pool), dtype=np.int64)
+                if subset.weights is not None:
+                    w = np.zeros(len(pool.doc_ids))
+                    w[[order[d] for d in subset.ids]] = subset.weights
+                    self._train_weights = self._sample_weights_from_docs(pool, w)
+            else:
+                ids = np.asarray(subset.ids, dtype=np.int64)
+                bad = ids[ids >= len(pool)]
+                if bad.size:
+                    raise SubsetError(
+                        f"subset names sample_id(s) {bad[:5].tolist()} beyond the pool's {len(pool)} sequences "
+                        f"(seq_len={self.seq_len}); make the subset with the same pool and seq_len"
+                    )
+                self._train_ids = ids
+                self._train_weights = subset.weights
+
+    @staticmethod
+    def _sample_weights_from_docs(pool: PackedSplit, doc_weight: np.ndarray) -> np.ndarray:
+        """Weight of a sample = weight of the document its first label token belongs to."""
+        first = np.searchsorted(pool.doc_start, np.arange(len(pool)) * pool.seq_len + 1, side="right") - 1
+        return doc_weight[first]
+
+    def train_dataloader(self) -> SuperbatchLoader:
+        trainer = self.trainer
+        rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        return SuperbatchLoader(
+            self.splits["pool"],
+            self._train_ids,
+            self.superbatch_size,
+            seed=self.seed,
+            weights=self._train_weights,
+            rank=rank,
+            world_size=world,
+            num_workers=self.num_workers,
+        )
+
+    def _eval_ids(self, name: str, cap: int | None) -> np.ndarray:
+        n = len(self.splits[name])
+        if cap is None or cap >= n:
+            return np.arange(n, dtype=np.int64)
+        return np.unique(np.linspace(0, n - 1, cap).round().astype(np.int64))
+
+    def val_dataloader(self) -> DataLoader:
+        ids = self._eval_ids("val", self.val_samples)
+        return DataLoader(_SampleDataset(self.splits["val"], ids), batch_size=self.val_batch_size, shuffle=False)
+
+    def target_batch(self, n: int, generator: np.random.Generator) -> dict[str, torch.Tensor]:
+        """``n`` random target sequences (proxy batches, reference training, rewards)."""
+        target = self.splits["target"]
+        return target.batch(generator.choice(len(target), size=min(n, len(target)), replace=False))
+
+    def target_dataloader(self, batch_size: int, seed: int = 0) -> SuperbatchLoader:
+        """Shuffled target batches of ``batch_size`` (e.g. to train a reference model)."""
+        target = self.splits["target"]
+        return SuperbatchLoader(target, np.arange(len(target)), batch_size, seed=seed)
+
+    def state_dict(self) -> dict[str, Any]:
+        return {"seed": self.seed, "seq_len": self.seq_len, "superbatch_size": self.superbatch_size}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        for key in ("seq_len", "superbatch_size"):
+            if state.get(key, getattr(self, key)) != getattr(self, key):
+                raise ValueError(f"checkpoint was trained with data.{key}={state[key]}, this run has {getattr(self, key)}")

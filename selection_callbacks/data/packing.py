@@ -1,0 +1,191 @@
+"""Pack documents into one token stream, cached once as a memory-mapped file.
+
+Sample ``s`` of a split is the window ``stream[s*T : s*T + T + 1]`` (inputs are its first T
+tokens, labels its last T), so every token is predicted exactly once and ``sample_id = s`` is
+stable for a given source, tokenizer and T.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+from tqdm.auto import tqdm
+
+from selection_callbacks.data.readers import DataSourceError, iter_documents, source_files
+from selection_callbacks.data.tokenizer import ByteTokenizer
+
+CACHE_VERSION = 1
+
+
+def source_key(path: str | Path, seq_len: int, tokenizer: ByteTokenizer, doc_filter: list[str] | None) -> str:
+    """Cache key: files (path, size, mtime), T, tokenizer and the optional document filter."""
+    h = hashlib.sha256(f"v{CACHE_VERSION}|{tokenizer.fingerprint()}|T={seq_len}".encode())
+    for f in source_files(path):
+        st = f.stat()
+        h.update(f"|{f.resolve()}|{st.st_size}|{st.st_mtime_ns}".encode())
+    if doc_filter is not None:
+        h.update(b"|filter|" + "\n".join(doc_filter).encode())
+    return h.hexdigest()[:20]
+
+
+@dataclass
+class PackedSplit:
+    """A packed, memory-mapped split.
+
+    Attributes:
+        tokens: uint16 stream [L].
+        seq_len: T.
+        doc_ids: str array [D], in stream order.
+        doc_start: int64 [D], stream offset of each document's boundary token.
+        sample_domain: int64 [S], majority domain of each sample's label tokens.
+        domain_names: index → domain name.
+    """
+
+    tokens: np.ndarray
+    seq_len: int
+    doc_ids: np.ndarray
+    doc_start: np.ndarray
+    sample_domain: np.ndarray
+    domain_names: list[str]
+    name: str = "split"
+
+    def __len__(self) -> int:
+        return int(self.sample_domain.shape[0])
+
+    def windows(self, sample_ids: np.ndarray) -> np.ndarray:
+        """int64 [n, T+1] token windows."""
+        T = self.seq_len
+        idx = np.asarray(sample_ids, dtype=np.int64)[:, None] * T + np.arange(T + 1)[None, :]
+        return self.tokens[idx].astype(np.int64)
+
+    def batch(self, sample_ids: np.ndarray) -> dict[str, torch.Tensor]:
+        """The superbatch contract: ``input_ids``/``labels`` [n, T], ``sample_id`` and ``domain`` [n]."""
+        sample_ids = np.asarray(sample_ids, dtype=np.int64)
+        w = torch.from_numpy(self.windows(sample_ids))
+        return {
+            "input_ids": w[:, :-1].contiguous(),
+            "labels": w[:, 1:].contiguous(),
+            "sample_id": torch.from_numpy(sample_ids.copy()),
+            "domain": torch.from_numpy(self.sample_domain[sample_ids].copy()),
+        }
+
+    def sample_doc_ids(self, sample_id: int) -> list[str]:
+        """Ids of the documents whose tokens sample ``sample_id`` holds."""
+        T = self.seq_len
+        first = int(np.searchsorted(self.doc_start, sample_id * T, side="right") - 1)
+        last = int(np.searchsorted(self.doc_start, sample_id * T + T, side="right") - 1)
+        return [str(d) for d in self.doc_ids[max(first, 0) : last + 1]]
+
+    def samples_of_docs(self, doc_index: np.ndarray) -> np.ndarray:
+        """Sample ids whose windows touch any of the given document indices (sorted, unique)."""
+        T, L = self.seq_len, self.tokens.shape[0]
+        ends = np.append(self.doc_start[1:], L)
+        out = [np.arange(self.doc_start[d] // T, min((ends[d] - 1) // T, len(self) - 1) + 1) for d in doc_index]
+        return np.unique(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
+
+
+def pack_source(
+    path: str | Path,
+    seq_len: int,
+    cache_dir: str | Path,
+    tokenizer: ByteTokenizer | None = None,
+    doc_filter: list[str] | None = None,
+    name: str = "split",
+    progress: bool = True,
+) -> PackedSplit:
+    """Tokenize and pack ``path`` once into ``cache_dir/<key>/``, then memory-map it.
+
+    ``doc_filter`` keeps only documents with those ids (a subset file's ``doc_id`` column);
+    an id it names that the source lacks is an error.
+    """
+    tokenizer = tokenizer or ByteTokenizer()
+    key = source_key(path, seq_len, tokenizer, doc_filter)
+    folder = Path(cache_dir) / key
+    if not (folder / "meta.json").exists():
+        _build(path, seq_len, tokenizer, doc_filter, folder, name, progress)
+    return _load(folder, seq_len, name)
+
+
+def _build(path, seq_len, tokenizer, doc_filter, folder: Path, name: str, progress: bool) -> None:
+    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
+    tmp.mkdir(parents=True, exist_ok=True)
+    wanted = set(doc_filter) if doc_filter is not None else None
+    doc_ids: list[str] = []
+    doc_start: list[int] = []
+    doc_domain: list[int] = []
+    domains: dict[str, int] = {}
+    offset = 0
+    with open(tmp / "tokens.bin", "wb") as out:
+        for doc in tqdm(iter_documents(path), desc=f"tokenizing {name}", unit="doc", disable=not progress):
+            if wanted is not None and doc.id not in wanted:
+                continue
+            ids = tokenizer.encode_document(doc.text)
+            out.write(ids.tobytes())
+            doc_ids.append(doc.id)
+            doc_start.append(offset)
+            doc_domain.append(domains.setdefault(doc.domain, len(domains)))
+            offset += ids.size
+    if wanted is not None:
+        missing = wanted.difference(doc_ids)
+        if missing:
+            example = sorted(missing)[:5]
+            raise DataSourceError(
+                f"subset names {len(missing)} doc_id(s) that {str(path)!r} does not contain, e.g. {example}; "
+                "check that the subset file was made for this pool"
+            )
+    if not doc_ids:
+        raise DataSourceError(f"{name} source {str(path)!r} holds no documents")
+    if offset < seq_len + 1:
+        raise DataSourceError(
+            f"{name} source {str(path)!r} has {offset} tokens, fewer than one sequence of seq_len+1={seq_len + 1}; "
+            "add text or lower data.seq_len"
+        )
+    starts = np.asarray(doc_start, dtype=np.int64)
+    sample_domain = _majority_domain(starts, np.asarray(doc_domain, dtype=np.int64), offset, seq_len)
+    np.save(tmp / "doc_start.npy", starts)
+    np.save(tmp / "doc_ids.npy", np.asarray(doc_ids, dtype=str))
+    np.save(tmp / "sample_domain.npy", sample_domain)
+    (tmp / "meta.json").write_text(json.dumps({"domains": list(domains), "tokens": offset, "docs": len(doc_ids)}))
+    try:
+        tmp.replace(folder)
+    except OSError:  # another process finished the same cache first
+        shutil.rmtree(tmp, ignore_errors=True)
+
+
+def _majority_domain(starts: np.ndarray, doc_domain: np.ndarray, total: int, T: int) -> np.ndarray:
+    """Domain holding the most label tokens of each sample (label tokens of s: [s*T+1, s*T+T])."""
+    n = (total - 1) // T
+    lo = np.arange(n, dtype=np.int64) * T + 1
+    hi = lo + T  # exclusive
+    first = np.searchsorted(starts, lo, side="right") - 1
+    last = np.searchsorted(starts, hi - 1, side="right") - 1
+    out = doc_domain[first].copy()
+    ends = np.append(starts[1:], total)
+    for s in np.nonzero(first != last)[0]:
+        counts: dict[int, int] = {}
+        for d in range(first[s], last[s] + 1):
+            covered = min(ends[d], hi[s]) - max(starts[d], lo[s])
+            counts[int(doc_domain[d])] = counts.get(int(doc_domain[d]), 0) + int(covered)
+        out[s] = max(sorted(counts), key=lambda k: counts[k])
+    return out
+
+
+def _load(folder: Path, seq_len: int, name: str) -> PackedSplit:
+    meta = json.loads((folder / "meta.json").read_text())
+    tokens = np.memmap(folder / "tokens.bin", dtype=np.uint16, mode="r", shape=(meta["tokens"],))
+    return PackedSplit(
+        tokens=tokens,
+        seq_len=seq_len,
+        doc_ids=np.load(folder / "doc_ids.npy"),
+        doc_start=np.load(folder / "doc_start.npy"),
+        sample_domain=np.load(folder / "sample_domain.npy"),
+        domain_names=list(meta["domains"]),
+        name=name,
+    )

@@ -1,0 +1,34 @@
+"""Random selection: K of N uniformly, the baseline every method is measured against."""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Any
+
+import lightning as L
+import torch
+from typing_extensions import override
+
+from selection_callbacks.core.callback import SelectionCallback
+
+
+class RandomSelection(SelectionCallback):
+    """Keep K = ratio·N candidates uniformly at random (no scoring cost).
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[RandomSelection(ratio=0.5, seed=0)])
+
+    Args:
+        ratio: kept fraction ρ = K/N.
+        seed: selection seed.
+        **kwargs: the remaining :class:`SelectionCallback` arguments.
+    """
+
+    def __init__(self, ratio: float = 0.5, seed: int = 0, **kwargs: Any) -> None:
+        kwargs.setdefault("sampling", "uniform")
+        super().__init__(ratio=ratio, seed=seed, **kwargs)
+
+    @override
+    def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:
+        return torch.zeros(batch["input_ids"].shape[0])

@@ -1,0 +1,44 @@
+"""Train a GPT on a pool with an online selection callback.
+
+    python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/random.yaml \
+        --data.pool P --data.target T --data.val V
+
+The selection callback is ``--selection`` (a ``SelectionCallback`` subclass; its ratio follows
+``--data.ratio``); ``--recorder`` writes ``metrics.json`` (validation curve against update
+tokens and wall-clock) to the run folder. After ``fit`` a final validation prints ``val_bpb``.
+"""
+
+from __future__ import annotations
+
+from lightning.pytorch.cli import LightningCLI
+
+from models.lit_gpt import LitGPT
+from selection_callbacks.core.callback import SelectionCallback
+from selection_callbacks.core.recorder import RunRecorder
+from selection_callbacks.data.datamodule import PoolDataModule
+
+
+class SelectionCLI(LightningCLI):
+    """LightningCLI with a selection callback and a run recorder as first-class arguments."""
+
+    def add_arguments_to_parser(self, parser) -> None:
+        parser.add_lightning_class_args(SelectionCallback, "selection", subclass_mode=True, required=False)
+        parser.add_lightning_class_args(RunRecorder, "recorder")
+        parser.link_arguments("data.ratio", "selection.init_args.ratio")
+        parser.link_arguments("data.seed", "selection.init_args.seed")
+        parser.link_arguments("data.seq_len", "model.config.block_size")
+
+    def after_fit(self) -> None:
+        recorder = next(c for c in self.trainer.callbacks if isinstance(c, RunRecorder))
+        if not recorder.curve or recorder.curve[-1][0] != recorder.update_tokens:
+            self.trainer.validate(self.model, datamodule=self.datamodule, verbose=False)
+        if self.trainer.is_global_zero and recorder.summary.get("val_bpb") is not None:
+            print(f"val_bpb={recorder.summary['val_bpb']:.4f}")
+
+
+def main(args: list[str] | None = None) -> SelectionCLI:
+    return SelectionCLI(LitGPT, PoolDataModule, args=args, save_config_kwargs={"overwrite": True})
+
+
+if __name__ == "__main__":
+    main()
