@@ -17,6 +17,9 @@ from selection_callbacks.core.callback import SelectionCallback
 class RunRecorder(L.Callback):
     """Records ``[update_tokens, wall_seconds, val_bpb]`` at every validation and writes ``metrics.json``.
 
+    With a :class:`SelectionCallback` present it also records the cumulative domain counts of
+    the kept candidates at each validation (``domain_history``).
+
     Update tokens count the label tokens the optimizer trained on (after selection), summed
     over ranks; wall-clock is training time with validation excluded. The file is rewritten
     after each validation (rank zero), so an interrupted run keeps its curve.
@@ -33,6 +36,7 @@ class RunRecorder(L.Callback):
         self.out_dir = out_dir
         self.update_tokens = 0
         self.curve: list[list[float]] = []
+        self.domain_history: list[list[Any]] = []
         self.summary: dict[str, Any] = {}
         self._train_seconds = 0.0
         self._resumed_at: float | None = None
@@ -67,6 +71,8 @@ class RunRecorder(L.Callback):
         if "val/bpb" in metrics and (not self.curve or self.curve[-1][0] != self.update_tokens):
             self.curve.append([self.update_tokens, round(self._train_seconds, 3), metrics["val/bpb"]])
         selector = next((c for c in trainer.callbacks if isinstance(c, SelectionCallback)), None)
+        if selector is not None and (not self.domain_history or self.domain_history[-1][0] != self.update_tokens):
+            self.domain_history.append([self.update_tokens, dict(selector.domain_counts)])
         self.summary = {
             "val_bpb": metrics.get("val/bpb"),
             "val_loss": metrics.get("val/loss"),
@@ -74,6 +80,7 @@ class RunRecorder(L.Callback):
             "update_tokens": self.update_tokens,
             "wall_seconds": round(self._train_seconds, 3),
             "curve": self.curve,
+            "domain_history": self.domain_history,
             "selection": selector.summary() if selector is not None else None,
         }
         if trainer.is_global_zero:
@@ -88,10 +95,16 @@ class RunRecorder(L.Callback):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {"update_tokens": self.update_tokens, "curve": self.curve, "train_seconds": self.wall_seconds()}
+        return {
+            "update_tokens": self.update_tokens,
+            "curve": self.curve,
+            "domain_history": self.domain_history,
+            "train_seconds": self.wall_seconds(),
+        }
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         self.update_tokens = int(state_dict["update_tokens"])
         self.curve = [list(p) for p in state_dict["curve"]]
+        self.domain_history = [list(p) for p in state_dict["domain_history"]]
         self._train_seconds = float(state_dict["train_seconds"])

@@ -1,0 +1,208 @@
+"""Every method side by side on one pool, model, optimizer, schedule and update-token budget.
+
+    python -m bench.compare --pool P --target T --val V --methods random,high_loss,oracle \
+        --tokens 2000000 --seeds 3 --ratio 0.5 --scale cpu-tiny --out bench/results/cpu-tiny
+
+Paired design: seed s gives every method the same initialisation (``seed_everything``) and the
+same stream of candidate superbatches (``data.seed``). Each (method, seed) run is a ``train.py``
+subprocess; its ``metrics.json`` holds val bpb at fixed update-token intervals with training
+wall-clock. Finished runs are skipped on re-run. Writes ``results.json``, ``report.md`` and plots.
+"""
+
+from __future__ import annotations
+
+import argparse
+import hashlib
+import json
+import subprocess
+import sys
+import time
+from pathlib import Path
+from typing import Any
+
+import yaml
+
+from bench.methods import ROOT, Method, resolve
+from bench.report import write_report
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"3"`` → [0, 1, 2]; ``"0,4,7"`` → [0, 4, 7]."""
+    if "," in text:
+        return [int(s) for s in text.split(",") if s.strip()]
+    n = int(text)
+    if n < 1:
+        raise SystemExit("--seeds must be ≥ 1")
+    return list(range(n))
+
+
+def scale_config(scale: str) -> Path:
+    path = Path(scale) if scale.endswith(".yaml") else ROOT / "configs" / "scale" / f"{scale}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in (ROOT / "configs" / "scale").glob("*.yaml"))
+        raise SystemExit(f"scale {scale!r} not found; known scales: {', '.join(known)}")
+    return path
+
+
+def file_digest(path: str) -> str:
+    """sha256 of a file, or of a folder's file names, sizes and contents."""
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+class Plan:
+    """Run length and evaluation grid, derived once from the scale config and the token budget."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.scale_path = scale_config(args.scale)
+        cfg = yaml.safe_load(self.scale_path.read_text())
+        data, trainer = cfg.get("data", {}), cfg.get("trainer", {})
+        self.batch_size = int(data.get("batch_size", 16))
+        self.seq_len = int(data.get("seq_len", 128))
+        accumulate = int(trainer.get("accumulate_grad_batches", 1))
+        self.tokens_per_step = self.batch_size * self.seq_len * accumulate
+        self.steps = max(1, args.tokens // self.tokens_per_step)
+        self.eval_every = max(1, self.steps // args.evals)
+        self.args = args
+        self.config = {
+            "scale": self.scale_path.read_text(),
+            "ratio": args.ratio,
+            "tokens": args.tokens,
+            "steps": self.steps,
+            "eval_every_steps": self.eval_every,
+            "optimizer": args.optimizer,
+            "data": {k: file_digest(getattr(args, k)) for k in ("pool", "target", "val")},
+            "extra": args.extra,
+        }
+        self.config_hash = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:12]
+
+    def run_dir(self, method: Method, seed: int) -> Path:
+        return Path(self.args.out) / "runs" / self.config_hash / method.name / f"seed{seed}"
+
+    def train_command(self, method: Method, seed: int, subset: Path | None) -> list[str]:
+        a = self.args
+        cmd = [sys.executable, str(ROOT / "train.py"), "fit", "--config", str(self.scale_path)]
+        cmd += ["--config", str(ROOT / (method.config or "configs/method/random.yaml"))]
+        cmd += ["--seed_everything", str(seed), "--data.seed", str(seed)]
+        cmd += ["--data.pool", a.pool, "--data.target", a.target, "--data.val", a.val, "--data.progress", "false"]
+        cmd += ["--data.ratio", "1.0" if subset else str(a.ratio), "--model.optimizer", a.optimizer]
+        cmd += ["--trainer.max_steps", str(self.steps), "--trainer.val_check_interval", str(self.eval_every)]
+        cmd += ["--trainer.default_root_dir", str(self.run_dir(method, seed)), "--trainer.enable_progress_bar", "false"]
+        if subset:
+            cmd += ["--data.subset", str(subset)]
+        return cmd + list(a.extra)
+
+
+def finished(metrics_path: Path, steps: int) -> bool:
+    if not metrics_path.exists():
+        return False
+    m = json.loads(metrics_path.read_text())
+    return m.get("global_step", 0) >= steps and bool(m.get("curve")) and m["curve"][-1][0] == m["update_tokens"]
+
+
+def prepare_offline(plan: Plan, method: Method, seed: int) -> tuple[Path, float]:
+    """Run an offline selector once per seed (cached); returns its subset file and selection seconds."""
+    folder = Path(plan.args.out) / "prepare" / plan.config_hash / method.name / f"seed{seed}"
+    done = folder / "prepare.json"
+    if done.exists():
+        info = json.loads(done.read_text())
+        return Path(info["subset"]), float(info["seconds"])
+    folder.mkdir(parents=True, exist_ok=True)
+    budget = plan.steps * plan.batch_size  # sequences the run will train on
+    start = time.perf_counter()
+    subset = method.select(plan.args.pool, plan.args.target, budget, seed, folder)
+    seconds = time.perf_counter() - start
+    done.write_text(json.dumps({"subset": str(subset), "seconds": seconds}))
+    return subset, seconds
+
+
+def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
+    """Train (or reuse) one method-seed run and return its record for results.json."""
+    run_dir = plan.run_dir(method, seed)
+    subset, selection_seconds = prepare_offline(plan, method, seed) if method.offline else (None, 0.0)
+    metrics_path = run_dir / "metrics.json"
+    if finished(metrics_path, plan.steps):
+        print(f"[bench] {method.name} seed {seed}: finished, skipped", flush=True)
+    else:
+        print(f"[bench] {method.name} seed {seed}: training {plan.steps} steps", flush=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        with open(run_dir / "train.log", "w") as log:
+            proc = subprocess.run(plan.train_command(method, seed, subset), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+        if proc.returncode != 0 or not finished(metrics_path, plan.steps):
+            raise SystemExit(f"[bench] {method.name} seed {seed} failed (exit {proc.returncode}); see {run_dir / 'train.log'}")
+    m = json.loads(metrics_path.read_text())
+    sel = m.get("selection") or {}
+    online_seconds = float(sel.get("overhead_seconds", 0.0))
+    return {
+        "seed": seed,
+        "final_val_bpb": m["val_bpb"],
+        "curve": [[t, w + selection_seconds, b] for t, w, b in m["curve"]],
+        "wall_seconds": m["wall_seconds"] + selection_seconds,
+        "overhead_fraction": online_seconds / m["wall_seconds"] if m["wall_seconds"] else 0.0,
+        "selection_seconds": online_seconds + selection_seconds,
+        "domains": sel.get("domains", {}),
+        "domain_history": m.get("domain_history", []),
+        "run_dir": str(run_dir.relative_to(Path(plan.args.out))),
+    }
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    methods = resolve([s.strip() for s in args.methods.split(",") if s.strip()])
+    seeds = parse_seeds(args.seeds)
+    plan = Plan(args)
+    print(f"[bench] config {plan.config_hash}: {plan.steps} steps × {plan.tokens_per_step} update tokens, "
+          f"eval every {plan.eval_every} steps, seeds {seeds}", flush=True)
+    results: dict[str, Any] = {"commit": git_commit(), "config_hash": plan.config_hash, "config": plan.config, "methods": {}}
+    for seed in seeds:  # seed-major: a partial comparison is already paired
+        for method in methods:
+            run = run_one(plan, method, seed)
+            results["methods"].setdefault(method.name, {"offline": method.offline, "runs": []})["runs"].append(run)
+    for name, entry in results["methods"].items():
+        base = {r["seed"]: r["wall_seconds"] for r in results["methods"]["random"]["runs"]}
+        for r in entry["runs"]:
+            r["step_time_ratio"] = r["wall_seconds"] / base[r["seed"]]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    write_report(results, out)
+    print(f"[bench] wrote {out / 'results.json'} and {out / 'report.md'}", flush=True)
+    return results
+
+
+def build_parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--pool", required=True)
+    p.add_argument("--target", required=True, help="what selectors may read")
+    p.add_argument("--val", required=True, help="evaluation only")
+    p.add_argument("--methods", default="random,high_loss", help="comma-separated method names")
+    p.add_argument("--tokens", type=int, required=True, help="update-token budget per run")
+    p.add_argument("--seeds", default="3", help="a count (0..S-1) or a comma list")
+    p.add_argument("--ratio", type=float, default=0.5, help="kept fraction K/N")
+    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
+    p.add_argument("--scale", default="cpu-tiny", help="configs/scale/<name>.yaml or a YAML path")
+    p.add_argument("--evals", type=int, default=10, help="validation points per run")
+    p.add_argument("--out", required=True)
+    p.add_argument("extra", nargs="*", help="extra train.py flags after --, e.g. -- --model.lr 0.002")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return compare(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,61 @@
+"""The benchmark's method registry: one line per landed method.
+
+An *online* method is a ``configs/method/<name>.yaml`` (its selection callback) trained from the
+full pool. An *offline* method is a selector ``(pool, target, budget_docs, seed, out_dir) -> subset
+file`` run once per seed in a cached prepare stage; its run trains on that subset (ratio 1, every
+candidate kept) and its selection seconds are added to its wall-clock.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[1]
+
+OfflineSelector = Callable[[str, str, int, int, Path], Path]
+
+
+@dataclass(frozen=True)
+class Method:
+    """A benchmark entry.
+
+    Attributes:
+        name: the ``--methods`` name.
+        config: online: path of its method YAML (relative to the repository root).
+        select: offline: the selector that writes a subset file.
+    """
+
+    name: str
+    config: str | None = None
+    select: OfflineSelector | None = None
+
+    @property
+    def offline(self) -> bool:
+        return self.select is not None
+
+
+REGISTRY: dict[str, Method] = {
+    "random": Method("random", config="configs/method/random.yaml"),
+    "high_loss": Method("high_loss", config="configs/method/high_loss.yaml"),
+    "oracle": Method("oracle", config="configs/method/oracle.yaml"),
+}
+
+PLANNED = (
+    "rho", "classact", "classact_report", "greats", "opus", "opus_greedy",
+    "warmup_delta", "policy", "datamask", "dsir", "autodata",
+)
+
+
+def resolve(names: list[str]) -> list[Method]:
+    """Methods by name; an unknown or not-yet-landed name is an error listing the available ones."""
+    out = []
+    for name in names:
+        if name not in REGISTRY:
+            status = "has not landed yet" if name in PLANNED else "is unknown"
+            raise SystemExit(f"method {name!r} {status}; available: {', '.join(REGISTRY)}")
+        out.append(REGISTRY[name])
+    if "random" not in [m.name for m in out]:
+        raise SystemExit("the comparison is against random selection: include 'random' in --methods")
+    return out

@@ -1,0 +1,184 @@
+"""Turn results.json into report.md and plots: final bpb, tokens/wall-clock to random's loss, paired tests."""
+
+from __future__ import annotations
+
+import math
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+
+def crossing(curve: list[list[float]], target: float, column: int) -> float | None:
+    """First value of ``column`` (0 = update tokens, 1 = wall seconds) at which val bpb ≤ target,
+    linearly interpolated between evaluations; None if the curve never gets there."""
+    prev = None
+    for point in curve:
+        if point[2] <= target:
+            if prev is None or prev[2] == point[2]:
+                return float(point[column])
+            frac = (prev[2] - target) / (prev[2] - point[2])
+            return float(prev[column] + frac * (point[column] - prev[column]))
+        prev = point
+    return None
+
+
+def paired_test(diffs: list[float]) -> tuple[float, float, float]:
+    """Mean, std and two-sided paired t-test p-value of per-seed differences (p = nan below 2 seeds)."""
+    d = np.asarray(diffs, dtype=float)
+    if d.size < 2:
+        return float(d.mean()), float("nan"), float("nan")
+    from scipy import stats
+
+    std = float(d.std(ddof=1))
+    p = float(stats.ttest_1samp(d, 0.0).pvalue) if std > 0 else (0.0 if d.mean() != 0 else 1.0)
+    return float(d.mean()), std, p
+
+
+def summarize(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per method: final bpb, paired differences against random and relative cost to reach random's final bpb."""
+    methods = results["methods"]
+    random_runs = {r["seed"]: r for r in methods["random"]["runs"]}
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in methods.items():
+        runs = [r for r in entry["runs"] if r["seed"] in random_runs]
+        finals = [r["final_val_bpb"] for r in runs]
+        diffs = [r["final_val_bpb"] - random_runs[r["seed"]]["final_val_bpb"] for r in runs]
+        tok_rel, wall_rel = [], []
+        for r in runs:
+            base = random_runs[r["seed"]]
+            target = base["final_val_bpb"]
+            t, w = crossing(r["curve"], target, 0), crossing(r["curve"], target, 1)
+            tok_rel.append(None if t is None else t / base["curve"][-1][0])
+            wall_rel.append(None if w is None else w / base["curve"][-1][1])
+        mean_d, std_d, p = paired_test(diffs)
+        out[name] = {
+            "seeds": len(runs),
+            "bpb_mean": float(np.mean(finals)),
+            "bpb_std": float(np.std(finals, ddof=1)) if len(finals) > 1 else float("nan"),
+            "diff_mean": mean_d,
+            "diff_std": std_d,
+            "p_value": p,
+            "tokens_to_random": tok_rel,
+            "wall_to_random": wall_rel,
+            "step_time_ratio": float(np.mean([r.get("step_time_ratio", float("nan")) for r in runs])),
+            "overhead_fraction": float(np.mean([r["overhead_fraction"] for r in runs])),
+            "selection_seconds": float(np.mean([r["selection_seconds"] for r in runs])),
+        }
+    if "oracle" in out:
+        gain = -out["oracle"]["diff_mean"]
+        for s in out.values():
+            s["oracle_share"] = (-s["diff_mean"] / gain) if gain > 0 else float("nan")
+    return out
+
+
+def _fmt_rel(values: list[float | None]) -> str:
+    reached = [v for v in values if v is not None]
+    if not reached:
+        return "not reached"
+    text = f"{np.mean(reached):.2f}×"
+    return text if len(reached) == len(values) else f"{text} ({len(reached)}/{len(values)} seeds)"
+
+
+def _fmt(x: float, spec: str) -> str:
+    return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
+
+
+def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> str:
+    cfg = results["config"]
+    lines = [
+        "# Method comparison",
+        "",
+        f"commit `{results['commit']}` · config `{results['config_hash']}` · {cfg['steps']} steps, "
+        f"{cfg['tokens']:,} update tokens, ratio {cfg['ratio']}, optimizer {cfg['optimizer']}",
+        "",
+        "Final val bits-per-byte (mean ± std over seeds). Δ is the paired difference against random "
+        "(negative is better) with a two-sided paired t-test. *Tokens* and *wall* are the update tokens and "
+        "training seconds (selection included) a method needs to reach random's final bpb, relative to random's "
+        "full run (interpolated on the validation curves).",
+        "",
+        "| method | seeds | val bpb | Δ vs random | p | tokens to random's bpb | wall to random's bpb | step time × | "
+        "selection overhead | oracle share |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in summary.items():
+        lines.append(
+            f"| {name} | {s['seeds']} | {s['bpb_mean']:.4f} ± {_fmt(s['bpb_std'], '.4f')} | "
+            f"{s['diff_mean']:+.4f} ± {_fmt(s['diff_std'], '.4f')} | {_fmt(s['p_value'], '.3f')} | "
+            f"{_fmt_rel(s['tokens_to_random'])} | {_fmt_rel(s['wall_to_random'])} | {s['step_time_ratio']:.2f} | "
+            f"{100 * s['overhead_fraction']:.1f}% | {_fmt(s.get('oracle_share', float('nan')), '.0%')} |"
+        )
+    lines += ["", "Domain share of the kept candidates (whole run, mean over seeds):", ""]
+    domains = sorted({d for e in results["methods"].values() for r in e["runs"] for d in r["domains"]})
+    lines.append("| method | " + " | ".join(domains) + " |")
+    lines.append("|---|" + "---:|" * len(domains))
+    for name, entry in results["methods"].items():
+        shares = [np.mean([r["domains"].get(d, 0.0) for r in entry["runs"]]) for d in domains]
+        lines.append(f"| {name} | " + " | ".join(f"{100 * x:.1f}%" for x in shares) + " |")
+    lines += ["", "![val bpb vs update tokens](bpb_vs_tokens.png)", "![val bpb vs wall-clock](bpb_vs_wall.png)",
+              "![domain composition](domains_over_time.png)", ""]
+    return "\n".join(lines)
+
+
+def plot(results: dict[str, Any], out: Path) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    for column, fname, xlabel in ((0, "bpb_vs_tokens.png", "update tokens"), (1, "bpb_vs_wall.png", "training seconds")):
+        fig, ax = plt.subplots(figsize=(7, 4.5))
+        for i, (name, entry) in enumerate(results["methods"].items()):
+            color = f"C{i}"
+            for j, r in enumerate(entry["runs"]):
+                c = np.asarray(r["curve"])
+                ax.plot(c[:, column], c[:, 2], color=color, alpha=0.35 if len(entry["runs"]) > 1 else 1.0, lw=1)
+            grid = np.asarray([np.asarray(r["curve"])[:, [column, 2]] for r in entry["runs"]])
+            if grid.ndim == 3 and grid.shape[0] > 1:
+                ax.plot(grid[:, :, 0].mean(0), grid[:, :, 1].mean(0), color=color, lw=2, label=name)
+            else:
+                ax.plot([], [], color=color, lw=2, label=name)
+        ax.set_xlabel(xlabel)
+        ax.set_ylabel("val bits per byte")
+        ax.grid(alpha=0.3)
+        ax.legend()
+        fig.tight_layout()
+        fig.savefig(out / fname, dpi=110)
+        plt.close(fig)
+    _plot_domains(results, out, plt)
+
+
+def _plot_domains(results: dict[str, Any], out: Path, plt) -> None:
+    names = list(results["methods"])
+    domains = sorted({d for e in results["methods"].values() for r in e["runs"] for _, c in r["domain_history"] for d in c})
+    fig, axes = plt.subplots(1, len(names), figsize=(3.2 * len(names), 3.4), sharey=True, squeeze=False)
+    for ax, name in zip(axes[0], names):
+        runs = results["methods"][name]["runs"]
+        history = runs[0]["domain_history"]
+        if not history:
+            ax.set_title(f"{name}\n(no record)")
+            continue
+        tokens = [h[0] for h in history]
+        shares = np.zeros((len(domains), len(history)))
+        for r in runs:
+            prev = dict.fromkeys(domains, 0)
+            for t, (_, counts) in enumerate(r["domain_history"][: len(history)]):
+                delta = np.array([counts.get(d, 0) - prev.get(d, 0) for d in domains], dtype=float)
+                shares[:, t] += delta / max(delta.sum(), 1.0) / len(runs)
+                prev = counts
+        ax.stackplot(tokens, shares, labels=domains)
+        ax.set_title(name)
+        ax.set_xlabel("update tokens")
+        ax.set_ylim(0, 1)
+    axes[0][0].set_ylabel("share of kept (per interval)")
+    axes[0][-1].legend(loc="center left", bbox_to_anchor=(1.0, 0.5), fontsize=8)
+    fig.tight_layout()
+    fig.savefig(out / "domains_over_time.png", dpi=110)
+    plt.close(fig)
+
+
+def write_report(results: dict[str, Any], out: Path) -> dict[str, dict[str, Any]]:
+    summary = summarize(results)
+    (out / "report.md").write_text(report_markdown(results, summary))
+    plot(results, out)
+    return summary

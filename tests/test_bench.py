@@ -1,0 +1,122 @@
+"""bench.compare on a tiny run: schema, report, plots, resume, paired reproducibility, offline prepare."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from bench import compare as bench_compare
+from bench.methods import REGISTRY, Method, resolve
+from bench.report import crossing, paired_test
+from selection_callbacks.data.readers import iter_documents
+from selection_callbacks.data.subset import write_subset
+
+TINY_SCALE = """
+seed_everything: 0
+trainer:
+  accelerator: cpu
+  devices: 1
+  max_steps: 10
+  check_val_every_n_epoch: null
+  num_sanity_val_steps: 0
+  enable_checkpointing: false
+  enable_model_summary: false
+  logger: false
+model:
+  config: {n_layer: 1, n_head: 2, n_embd: 32, vocab_size: 320}
+  warmup_steps: 1
+data:
+  seq_len: 32
+  batch_size: 4
+  val_samples: 16
+"""
+
+
+def first_docs_selector(pool: str, target: str, budget: int, seed: int, out: Path) -> Path:
+    """A test-only offline selector: the first prose documents."""
+    docs = [d.id for d in iter_documents(pool) if d.domain == "prose"][:60]
+    return write_subset(out / "subset.parquet", "doc_id", docs)
+
+
+def _args(corpus, out: Path, scale: Path, methods: str, seeds: str = "2") -> list[str]:
+    return ["--pool", corpus["pool"], "--target", corpus["target"], "--val", corpus["val"], "--methods", methods,
+            "--tokens", str(6 * 4 * 32), "--seeds", seeds, "--ratio", "0.5", "--scale", str(scale), "--evals", "3",
+            "--out", str(out)]
+
+
+@pytest.fixture(scope="module")
+def bench_run(tiny_corpus, tmp_path_factory):
+    root = tmp_path_factory.mktemp("bench")
+    scale = root / "tiny.yaml"
+    scale.write_text(TINY_SCALE)
+    REGISTRY["first_docs"] = Method("first_docs", select=first_docs_selector)
+    try:
+        results = bench_compare.main(_args(tiny_corpus, root / "out", scale, "random,high_loss,oracle,first_docs"))
+    finally:
+        del REGISTRY["first_docs"]
+    return root, scale, results
+
+
+def test_results_schema(bench_run) -> None:
+    root, _, results = bench_run
+    on_disk = json.loads((root / "out" / "results.json").read_text())
+    assert on_disk["commit"] and on_disk["config_hash"] == results["config_hash"]
+    assert set(on_disk["methods"]) == {"random", "high_loss", "oracle", "first_docs"}
+    for entry in on_disk["methods"].values():
+        assert [r["seed"] for r in entry["runs"]] == [0, 1]
+        for r in entry["runs"]:
+            assert {"seed", "final_val_bpb", "curve", "step_time_ratio", "overhead_fraction", "selection_seconds",
+                    "domains"} <= set(r)
+            assert [p[0] for p in r["curve"]] == [2 * 128, 4 * 128, 6 * 128]  # fixed update-token grid
+            assert r["curve"][-1][2] == r["final_val_bpb"]
+            assert sum(r["domains"].values()) == pytest.approx(1.0)
+    assert all(r["step_time_ratio"] == 1.0 for r in on_disk["methods"]["random"]["runs"])
+    assert on_disk["methods"]["first_docs"]["offline"] and on_disk["methods"]["first_docs"]["runs"][0]["domains"] == {"prose": 1.0}
+    assert all(r["domains"]["prose"] >= 0.5 for r in on_disk["methods"]["oracle"]["runs"])
+
+
+def test_report_and_plots(bench_run) -> None:
+    root, _, _ = bench_run
+    report = (root / "out" / "report.md").read_text()
+    for name in ("random", "high_loss", "oracle", "first_docs"):
+        assert f"| {name} | 2 |" in report
+    assert "Δ vs random" in report and "oracle share" in report
+    for png in ("bpb_vs_tokens.png", "bpb_vs_wall.png", "domains_over_time.png"):
+        assert (root / "out" / png).stat().st_size > 5000
+
+
+def test_rerun_skips_finished_runs(bench_run, tiny_corpus, capsys) -> None:
+    root, scale, results = bench_run
+    again = bench_compare.main(_args(tiny_corpus, root / "out", scale, "random,high_loss"))
+    out = capsys.readouterr().out
+    assert out.count("finished, skipped") == 4 and "training" not in out
+    assert again["methods"]["random"]["runs"][0]["curve"] == results["methods"]["random"]["runs"][0]["curve"]
+
+
+def test_same_seed_same_bpb_at_same_tokens(bench_run, tiny_corpus) -> None:
+    root, scale, results = bench_run
+    fresh = bench_compare.main(_args(tiny_corpus, root / "fresh", scale, "random", seeds="1"))
+    a = np.asarray(results["methods"]["random"]["runs"][0]["curve"])
+    b = np.asarray(fresh["methods"]["random"]["runs"][0]["curve"])
+    assert np.array_equal(a[:, 0], b[:, 0]) and np.allclose(a[:, 2], b[:, 2], rtol=0, atol=1e-6)
+    assert results["methods"]["random"]["runs"][0]["final_val_bpb"] != results["methods"]["random"]["runs"][1]["final_val_bpb"]
+
+
+def test_unknown_and_unlanded_methods() -> None:
+    with pytest.raises(SystemExit, match="'opus' has not landed yet; available: random"):
+        resolve(["random", "opus"])
+    with pytest.raises(SystemExit, match="'nope' is unknown"):
+        resolve(["random", "nope"])
+    with pytest.raises(SystemExit, match="include 'random'"):
+        resolve(["high_loss"])
+
+
+def test_crossing_interpolates_and_paired_test() -> None:
+    curve = [[100, 1.0, 3.0], [200, 2.0, 2.0], [300, 3.0, 1.0]]
+    assert crossing(curve, 2.5, 0) == 150 and crossing(curve, 1.5, 1) == 2.5
+    assert crossing(curve, 0.5, 0) is None and crossing(curve, 3.5, 0) == 100
+    mean, std, p = paired_test([-0.1, -0.12, -0.09])
+    assert mean == pytest.approx(-0.10333, abs=1e-4) and std > 0 and p < 0.01
