@@ -1,0 +1,241 @@
+"""Ghost-gradient engine against brute force (torch.func per-sample gradients) on a tiny GPT."""
+
+from __future__ import annotations
+
+import copy
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from models.gpt import GPT, GPTConfig
+from models.optim import build_optimizer
+from selection_callbacks.scoring.ghost import GhostEngine, check_precision, scored_layers
+from selection_callbacks.scoring.preconditioners import (
+    IdentityPreconditioner,
+    OptimizerPreconditioner,
+    newton_schulz_left_factor,
+)
+
+N_CAND, N_PROXY, T = 5, 3, 8
+
+
+def row_losses(model):
+    def fn(batch):
+        logits = model(batch["input_ids"])
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), reduction="none")
+        return nll.view(logits.shape[0], -1).mean(1)
+
+    return fn
+
+
+def make_optimizer(model, name: str):
+    if name == "sgd":
+        return torch.optim.SGD(model.parameters(), lr=0.05, momentum=0.9)
+    return build_optimizer(model, name, 3e-3, 0.1, (0.9, 0.95), 0.02, 0.95, 0.0)
+
+
+def trained(name: str, steps: int = 3, bias: bool = False, seed: int = 0):
+    torch.manual_seed(seed)
+    model = GPT(GPTConfig(vocab_size=64, block_size=T, n_layer=2, n_head=2, n_embd=16, bias=bias))
+    opt = make_optimizer(model, name)
+    for _ in range(steps):
+        ids = torch.randint(0, 64, (8, T + 1))
+        opt.zero_grad()
+        row_losses(model)({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}).mean().backward()
+        opt.step()
+    return model, opt
+
+
+def rows(seed: int = 1, n: int = N_CAND + N_PROXY):
+    ids = torch.randint(0, 64, (n, T + 1), generator=torch.Generator().manual_seed(seed))
+    return {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+
+
+def per_sample_grads(model, batch) -> dict[str, torch.Tensor]:
+    params = {k: v.detach() for k, v in model.named_parameters()}
+
+    def single(p, x, y):
+        logits = functional_call(model, p, (x[None],))
+        return F.cross_entropy(logits[0], y)
+
+    return vmap(grad(single), in_dims=(None, 0, 0))(params, batch["input_ids"], batch["labels"])
+
+
+def brute_force(model, batch, resolver, layers, n=N_CAND):
+    """u_i = Σ ⟨P G_i, ḡ⟩, K_ij = Σ ⟨P G_i, P G_j⟩ from explicit per-sample gradients."""
+    G = per_sample_grads(model, batch)
+    params = dict(model.named_parameters())
+    u, gram = torch.zeros(n), torch.zeros(n, n)
+    for name, module in layers:
+        for pname in ("weight", "bias"):
+            full = f"{name}.{pname}"
+            if getattr(module, pname, None) is None:
+                continue
+            gbar = G[full][n:].mean(0)
+            P = resolver(params[full], gbar)
+            PG = torch.stack([P.apply(G[full][i]) for i in range(n)])
+            u += (PG * gbar).flatten(1).sum(1)
+            gram += PG.flatten(1) @ PG.flatten(1).T
+    return u, gram
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw", "muon"])
+@pytest.mark.parametrize("steps", [0, 3])
+def test_utilities_match_brute_force(opt_name: str, steps: int) -> None:
+    model, opt = trained(opt_name, steps)
+    batch = rows()
+    resolver = OptimizerPreconditioner(opt)
+    engine = GhostEngine(model, include_embedding=True, include_head=True)
+    got = engine.score(row_losses(model), batch, N_CAND, resolver)
+    layers = [(n, m) for n, m in scored_layers(model, True, True) if n not in got.shared]
+    assert got.shared == ["wpe"]  # the position table is shared by all rows
+    want, _ = brute_force(model, batch, resolver, layers)
+    torch.testing.assert_close(got.utilities, want, rtol=1e-4, atol=1e-6 * float(want.abs().max()))
+    assert float(want.abs().min()) > 0
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
+def test_linear_biases_are_scored(opt_name: str) -> None:
+    model, opt = trained(opt_name, 2, bias=True)
+    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    got = GhostEngine(model).score(row_losses(model), batch, N_CAND, resolver)
+    want, _ = brute_force(model, batch, resolver, scored_layers(model))
+    torch.testing.assert_close(got.utilities, want, rtol=1e-4, atol=1e-7)
+
+
+def test_no_parameter_grad_is_touched() -> None:
+    model, opt = trained("adamw", 2)
+    sentinel = {n: torch.full_like(p, 7.0) for n, p in model.named_parameters()}
+    for n, p in model.named_parameters():
+        p.grad = sentinel[n].clone() if n.startswith("blocks.0") else None
+    GhostEngine(model, sketch_dim=64).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
+    for n, p in model.named_parameters():
+        if n.startswith("blocks.0"):
+            assert torch.equal(p.grad, sentinel[n])
+        else:
+            assert p.grad is None
+
+
+@pytest.mark.parametrize("opt_name, sketch", [("sgd", "tensor"), ("muon", "tensor"), ("adamw", "count"), ("muon", "two_sided")])
+def test_engine_sketches_are_unbiased(opt_name: str, sketch: str) -> None:
+    model, opt = trained(opt_name, 3)
+    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    engine = GhostEngine(model, sketch_dim=256, sketch=sketch)
+    _, gram = brute_force(model, batch, resolver, scored_layers(model))
+    est = torch.stack([
+        (lambda s: s @ s.T)(engine.score(row_losses(model), batch, N_CAND, resolver, seed=seed).sketches)
+        for seed in range(60)
+    ])
+    iu = torch.triu_indices(N_CAND, N_CAND, 1)
+    z = (est.mean(0) - gram) / (est.std(0) / math.sqrt(est.shape[0]))
+    assert float(z[iu[0], iu[1]].abs().max()) < 4.0
+    scale = torch.outer(gram.diagonal(), gram.diagonal()).sqrt()
+    assert float(((est.mean(0) - gram).abs() / scale).max()) < 0.25
+
+
+def test_adamw_rank1_factor_error_is_reported() -> None:
+    model, opt = trained("adamw", 5)
+    got = GhostEngine(model, sketch_dim=128).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
+    assert set(got.factor_error) == {n for n, _ in scored_layers(model)}
+    assert all(0.0 < e < 1.0 for e in got.factor_error.values())
+
+
+@pytest.mark.parametrize("opt_name", ["sgd", "muon", "adamw"])
+def test_squared_norms_match_brute_force(opt_name: str) -> None:
+    model, opt = trained(opt_name, 3)
+    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    got = GhostEngine(model, norms=True).score(row_losses(model), batch, N_CAND, resolver)
+    _, gram = brute_force(model, batch, resolver, scored_layers(model))
+    torch.testing.assert_close(got.sq_norms, gram.diagonal(), rtol=1e-4, atol=0)
+
+
+@pytest.mark.parametrize("shape", [(24, 40), (40, 24), (32, 32)])
+def test_muon_factor_reproduces_torch_newton_schulz(shape) -> None:
+    from torch.optim._muon import _zeropower_via_newtonschulz
+
+    u = torch.randn(*shape, generator=torch.Generator().manual_seed(0))
+    coeffs = (3.4445, -4.7750, 2.0315)
+    L, norm, tall = newton_schulz_left_factor(u, coeffs, 5, 1e-7)
+    ours = (u / norm) @ L if tall else L @ (u / norm)
+    theirs = _zeropower_via_newtonschulz(u, coeffs, 5, 1e-7).float()
+    assert float((ours - theirs).norm() / theirs.norm()) < 2e-2  # torch runs the iteration in bf16
+    torch.testing.assert_close(L, L.T, rtol=1e-3, atol=1e-5)
+
+
+def test_bf16_autocast_agrees_with_fp32() -> None:
+    model, opt = trained("adamw", 3)
+    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    exact = GhostEngine(model).score(row_losses(model), batch, N_CAND, resolver).utilities
+    with torch.autocast("cpu", dtype=torch.bfloat16):
+        low = GhostEngine(model).score(row_losses(model), batch, N_CAND, resolver).utilities
+    assert low.dtype == torch.float32
+    assert float(torch.corrcoef(torch.stack([exact, low]))[0, 1]) > 0.98
+
+
+def test_torch_compile_works_or_raises_never_zeros() -> None:
+    model, opt = trained("sgd", 2)
+    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    eager = GhostEngine(model).score(row_losses(model), batch, N_CAND, resolver).utilities
+    compiled = torch.compile(model, backend="eager")
+    try:
+        got = GhostEngine(model).score(row_losses(compiled), batch, N_CAND, resolver).utilities
+    except RuntimeError as e:
+        assert "hooks did not fire" in str(e)
+    else:
+        torch.testing.assert_close(got, eager, rtol=1e-4, atol=1e-8)
+
+
+def test_fp16_grad_scaler_is_refused() -> None:
+    from lightning.pytorch.plugins.precision import MixedPrecision
+
+    class FakeTrainer:
+        precision_plugin = MixedPrecision("16-mixed", "cpu", scaler=torch.amp.GradScaler("cpu"))
+
+    with pytest.raises(ValueError, match="fp16 GradScaler"):
+        check_precision(FakeTrainer())
+
+    class Bf16Trainer:
+        precision_plugin = MixedPrecision("bf16-mixed", "cpu")
+
+    check_precision(Bf16Trainer())
+
+
+def test_unknown_optimizer_names_the_supported_ones() -> None:
+    model = GPT(GPTConfig(vocab_size=64, block_size=T, n_layer=1, n_head=2, n_embd=16))
+    with pytest.raises(TypeError, match="Adagrad.*supported: torch.optim.SGD, torch.optim.AdamW, torch.optim.Muon"):
+        OptimizerPreconditioner(torch.optim.Adagrad(model.parameters()))
+
+
+def test_identity_preconditioner_is_plain_gradient_inner_product() -> None:
+    model, _ = trained("sgd", 1)
+    batch = rows()
+    got = GhostEngine(model).score(row_losses(model), batch, N_CAND, IdentityPreconditioner(2.0)).utilities
+    G = per_sample_grads(model, batch)
+    want = sum(2.0 * (G[f"{n}.weight"][:N_CAND] * G[f"{n}.weight"][N_CAND:].mean(0)).flatten(1).sum(1) for n, _ in scored_layers(model))
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-8)
+
+
+def test_rows_must_hold_candidates_and_proxy() -> None:
+    model, opt = trained("sgd", 0)
+    with pytest.raises(ValueError, match="≥ 1 proxy row"):
+        GhostEngine(model).score(row_losses(model), rows(n=5), 5, OptimizerPreconditioner(opt))
+
+
+def test_score_windows_are_seeded_contiguous_slices() -> None:
+    from selection_callbacks.scoring.windows import score_windows
+
+    ids = torch.arange(60).view(3, 20)
+    batch = {"input_ids": ids, "labels": ids + 1, "sample_id": torch.arange(3)}
+    a = score_windows(batch, 6, torch.Generator().manual_seed(0))
+    b = score_windows(batch, 6, torch.Generator().manual_seed(0))
+    assert set(a) == {"input_ids", "labels"} and a["input_ids"].shape == (3, 6)
+    assert torch.equal(a["input_ids"], b["input_ids"]) and torch.equal(a["labels"], a["input_ids"] + 1)
+    for r in range(3):
+        start = int(a["input_ids"][r, 0])
+        assert a["input_ids"][r].tolist() == list(range(start, start + 6)) and 20 * r <= start <= 20 * r + 14
+    offsets = {tuple(score_windows(batch, 6, torch.Generator().manual_seed(s))["input_ids"][:, 0].tolist()) for s in range(20)}
+    assert len(offsets) > 10
+    assert score_windows(batch, 50, torch.Generator())["input_ids"] is ids

@@ -1,0 +1,71 @@
+"""Sketches: unbiased inner products, error decaying at the rate theory gives (m ≤ dim/16)."""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+
+from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSidedProjection
+
+N, D_OUT, D_IN, SEEDS = 4, 64, 64, 150  # dim = 4096, m up to 256 = dim/16
+MS = (16, 64, 256)
+
+
+def factors(aligned: bool, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
+    g = torch.Generator().manual_seed(0)
+    if aligned:  # similar per-sample gradients, as in a real superbatch
+        b = torch.randn(1, tokens, D_OUT, generator=g) + 0.3 * torch.randn(N, tokens, D_OUT, generator=g)
+        a = torch.randn(1, tokens, D_IN, generator=g) + 0.3 * torch.randn(N, tokens, D_IN, generator=g)
+        return b, a
+    return torch.randn(N, tokens, D_OUT, generator=g), torch.randn(N, tokens, D_IN, generator=g)
+
+
+def sketch(kind: str, m: int, seed: int, b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
+    if kind == "tensor":
+        return TensorSketch(m, D_OUT, D_IN, seed, 0, torch.device("cpu"))(b, a)
+    if kind == "count":
+        return CountSketch(m, D_OUT, D_IN, seed, 0, torch.device("cpu"))(torch.einsum("nto,nti->noi", b, a))
+    return TwoSidedProjection(m, D_OUT, D_IN, seed, 0, torch.device("cpu"))(b, a)
+
+
+def error_curve(kind: str, aligned: bool, tokens: int) -> tuple[list[float], float]:
+    b, a = factors(aligned, tokens)
+    G = torch.einsum("nto,nti->noi", b, a)
+    true = torch.einsum("noi,moi->nm", G, G)
+    norm = true.diagonal().sqrt()
+    iu = torch.triu_indices(N, N, 1)
+    errors, worst_z = [], 0.0
+    for m in MS:
+        est = torch.stack([(lambda s: s @ s.T)(sketch(kind, m, seed, b, a)) for seed in range(SEEDS)])
+        z = (est.mean(0) - true) / (est.std(0) / math.sqrt(SEEDS))
+        worst_z = max(worst_z, float(z[iu[0], iu[1]].abs().max()))
+        rel = (est - true).pow(2).mean(0).sqrt() / torch.outer(norm, norm)
+        errors.append(float(rel[iu[0], iu[1]].mean()))
+    return errors, worst_z
+
+
+def slope(errors: list[float]) -> float:
+    return math.log(errors[-1] / errors[0]) / math.log(MS[-1] / MS[0])
+
+
+@pytest.mark.parametrize("kind", ["tensor", "count"])
+@pytest.mark.parametrize("aligned", [False, True])
+def test_hash_sketches_unbiased_with_inverse_sqrt_m_error(kind: str, aligned: bool) -> None:
+    errors, z = error_curve(kind, aligned, tokens=8)
+    assert z < 4.5  # unbiased: the mean over seeds sits within sampling error of the truth
+    assert -0.62 < slope(errors) < -0.38  # error ~ m^(-1/2)
+
+
+def test_two_sided_projection_is_unbiased_but_slower_on_aligned_low_rank() -> None:
+    errors, z = error_curve("two_sided", aligned=True, tokens=1)
+    assert z < 4.5
+    assert -0.35 < slope(errors) < -0.15  # ~ m^(-1/4): each side only has √m rows
+    tensor_errors, _ = error_curve("tensor", aligned=True, tokens=1)
+    assert errors[-1] > 2 * tensor_errors[-1]
+
+
+def test_two_sided_needs_a_square_dimension() -> None:
+    with pytest.raises(ValueError, match="square"):
+        TwoSidedProjection(200, 8, 8, 0, 0, torch.device("cpu"))
