@@ -90,7 +90,8 @@ class LitGPT(L.LightningModule):
             raise ValueError(f"data.seq_len={seq_len} exceeds model.config.block_size={self.config.block_size}")
         tokenizer = getattr(dm, "tokenizer", None)
         if tokenizer is not None:
-            self.token_bytes = tokenizer.token_bytes(self.config.vocab_size).to(self.token_bytes.device)
+            table = tokenizer.token_bytes(self.config.vocab_size)
+            self.token_bytes = None if table is None else table[: self.config.vocab_size].to(self.device)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)
@@ -109,11 +110,12 @@ class LitGPT(L.LightningModule):
     @override
     def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
         nll, mask, targets = token_losses(self.model(batch["input_ids"]), batch)
-        nbytes = self.token_bytes[targets] * mask
         self.val_nats.update((nll * mask).sum())
         self.val_tokens.update(mask.sum())
-        self.val_byte_nats.update((nll * (nbytes > 0)).sum())
-        self.val_bytes.update(nbytes.sum())
+        if self.token_bytes is not None:  # unknown for pre-tokenized data without a byte table
+            nbytes = self.token_bytes[targets] * mask
+            self.val_byte_nats.update((nll * (nbytes > 0)).sum())
+            self.val_bytes.update(nbytes.sum())
 
     @override
     def on_validation_epoch_end(self) -> None:

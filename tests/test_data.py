@@ -193,3 +193,58 @@ def test_ratio_outside_unit_interval(ratio: float) -> None:
 def test_callback_keeps_exactly_the_datamodule_k(k: int, ratio: float) -> None:
     n = superbatch_size(k, ratio)
     assert RandomSelection(ratio=ratio).keep(n) == k
+
+
+def _write_bin(path: Path, tokens: np.ndarray, llmc: bool) -> Path:
+    with open(path, "wb") as f:
+        if llmc:
+            header = np.zeros(256, dtype=np.int32)
+            header[:3] = [20240520, 1, tokens.size]
+            f.write(header.tobytes())
+        f.write(tokens.astype(np.uint16).tobytes())
+    return path
+
+
+@pytest.mark.parametrize("llmc", [False, True])
+def test_token_bin_pools(tmp_path: Path, llmc: bool) -> None:
+    from selection_callbacks.data.token_bin import load_token_bin
+
+    rng = np.random.default_rng(0)
+    tokens = rng.integers(0, 50000, 4000)
+    tokens[[99, 1999, 3999]] = 50256  # three documents, each ended by EOT
+    split = load_token_bin(_write_bin(tmp_path / "p.bin", tokens, llmc), 32, tmp_path / "cache", 50256)
+    assert len(split) == (4000 - 1) // 32 and split.doc_start.tolist() == [0, 100, 2000]
+    batch = split.batch(np.array([3]))
+    assert batch["input_ids"][0].tolist() == tokens[96:128].tolist()
+    assert batch["labels"][0].tolist() == tokens[97:129].tolist()
+    assert split.sample_doc_ids(3) == ["p.bin:0", "p.bin:1"]
+
+
+def test_train_on_token_bins(tmp_path: Path) -> None:
+    import train
+
+    rng = np.random.default_rng(0)
+    paths = {s: _write_bin(tmp_path / f"{s}.bin", rng.integers(0, 500, n), llmc=False)
+             for s, n in (("pool", 20000), ("target", 3000), ("val", 3000))}
+    np.save(tmp_path / "bytes.npy", np.full(500, 2.0))
+    args = ["fit", "--data.pool", str(paths["pool"]), "--data.target", str(paths["target"]), "--data.val",
+            str(paths["val"]), "--data.vocab_size", "500", "--data.seq_len", "32", "--data.batch_size", "4",
+            "--model.config.vocab_size", "512", "--model.config.n_layer", "1", "--model.config.n_embd", "32",
+            "--model.config.n_head", "2", "--trainer.max_steps", "4", "--trainer.val_check_interval", "2",
+            "--trainer.check_val_every_n_epoch", "null", "--trainer.enable_progress_bar", "false",
+            "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
+            "--trainer.default_root_dir", str(tmp_path / "run"), "--selection", "RandomSelection"]
+    train.main(args)
+    loss_only = json.loads((tmp_path / "run" / "metrics.json").read_text())
+    assert loss_only["curve_metric"] == "val_loss" and loss_only["val_bpb"] is None and len(loss_only["curve"]) == 2
+    train.main(args + ["--data.token_bytes", str(tmp_path / "bytes.npy"), "--trainer.default_root_dir", str(tmp_path / "r2")])
+    with_bytes = json.loads((tmp_path / "r2" / "metrics.json").read_text())
+    # 2 bytes per token: bpb = nats / (ln 2 · 2) per token
+    assert with_bytes["val_bpb"] == pytest.approx(with_bytes["val_loss"] / (2 * np.log(2)), rel=1e-5)
+
+
+def test_mixed_bin_and_text_splits_are_rejected(tiny_corpus, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="all be .bin"):
+        PoolDataModule(tiny_corpus["pool"], str(tmp_path / "t.bin"), tiny_corpus["val"])
+    with pytest.raises(ValueError, match="data.vocab_size"):
+        PoolDataModule(str(tmp_path / "p.bin"), str(tmp_path / "t.bin"), str(tmp_path / "v.bin"))

@@ -17,6 +17,8 @@ from selection_callbacks.core.callback import SelectionCallback
 class RunRecorder(L.Callback):
     """Records ``[update_tokens, wall_seconds, val_bpb]`` at every validation and writes ``metrics.json``.
 
+    (``val_loss`` takes bpb's place when the data's token byte lengths are unknown: ``curve_metric``.)
+
     With a :class:`SelectionCallback` present it also records the cumulative domain counts of
     the kept candidates at each validation (``domain_history``).
 
@@ -68,8 +70,9 @@ class RunRecorder(L.Callback):
         if trainer.sanity_checking:
             return
         metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
-        if "val/bpb" in metrics and (not self.curve or self.curve[-1][0] != self.update_tokens):
-            self.curve.append([self.update_tokens, round(self._train_seconds, 3), metrics["val/bpb"]])
+        metric = "val/bpb" if "val/bpb" in metrics else "val/loss"  # loss when bytes are unknown (.bin data)
+        if metric in metrics and (not self.curve or self.curve[-1][0] != self.update_tokens):
+            self.curve.append([self.update_tokens, round(self._train_seconds, 3), metrics[metric]])
         selector = next((c for c in trainer.callbacks if isinstance(c, SelectionCallback)), None)
         if selector is not None and (not self.domain_history or self.domain_history[-1][0] != self.update_tokens):
             self.domain_history.append([self.update_tokens, dict(selector.domain_counts)])
@@ -80,6 +83,7 @@ class RunRecorder(L.Callback):
             "update_tokens": self.update_tokens,
             "wall_seconds": round(self._train_seconds, 3),
             "curve": self.curve,
+            "curve_metric": metric.replace("/", "_"),
             "domain_history": self.domain_history,
             "selection": selector.summary() if selector is not None else None,
         }
@@ -98,6 +102,7 @@ class RunRecorder(L.Callback):
         return {
             "update_tokens": self.update_tokens,
             "curve": self.curve,
+            "curve_metric": metric.replace("/", "_"),
             "domain_history": self.domain_history,
             "train_seconds": self.wall_seconds(),
         }

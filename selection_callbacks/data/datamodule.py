@@ -14,6 +14,7 @@ from torch.utils.data import DataLoader, Dataset
 from selection_callbacks.data.loader import SuperbatchLoader
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.subset import SubsetError, read_subset
+from selection_callbacks.data.token_bin import PretokenizedTokenizer, load_token_bin
 from selection_callbacks.data.tokenizer import ByteTokenizer
 
 
@@ -68,6 +69,9 @@ class PoolDataModule(L.LightningDataModule):
         cache_dir: where packed tokens are cached (default ``$SELECTION_CACHE`` or ~/.cache).
         num_workers: loader workers.
         progress: show tokenisation progress bars.
+        vocab_size: for pre-tokenized ``.bin`` splits: the token vocabulary size.
+        token_bytes: for ``.bin`` splits: ``.npy`` of UTF-8 bytes per token id (enables bpb).
+        eot_id: for ``.bin`` splits: the end-of-text id that separates documents.
     """
 
     def __init__(
@@ -85,6 +89,9 @@ class PoolDataModule(L.LightningDataModule):
         cache_dir: str | None = None,
         num_workers: int = 0,
         progress: bool = True,
+        vocab_size: int | None = None,
+        token_bytes: str | None = None,
+        eot_id: int = 50256,
     ) -> None:
         super().__init__()
         self.superbatch_size = superbatch_size(batch_size, ratio)
@@ -96,7 +103,17 @@ class PoolDataModule(L.LightningDataModule):
         self.val_batch_size, self.val_samples = val_batch_size, val_samples
         self.cache_dir = Path(cache_dir) if cache_dir else default_cache_dir()
         self.num_workers, self.progress = num_workers, progress
-        self.tokenizer = ByteTokenizer()
+        binary = [str(p).endswith(".bin") for p in self.paths.values()]
+        if any(binary) and not all(binary):
+            raise ValueError("pool, target and val must all be .bin token files or all be text sources")
+        self.pretokenized = all(binary)
+        if self.pretokenized:
+            if vocab_size is None:
+                raise ValueError("pre-tokenized .bin splits need data.vocab_size (e.g. 50257 for GPT-2 ids)")
+            self.tokenizer = PretokenizedTokenizer(vocab_size, token_bytes)
+        else:
+            self.tokenizer = ByteTokenizer()
+        self.eot_id = eot_id
         self.splits: dict[str, PackedSplit] = {}
         self._train_ids: np.ndarray | None = None
         self._train_weights: np.ndarray | None = None
@@ -111,6 +128,10 @@ class PoolDataModule(L.LightningDataModule):
         return self.splits["pool"].domain_names
 
     def _pack(self, name: str, doc_filter: list[str] | None = None) -> PackedSplit:
+        if self.pretokenized:
+            if doc_filter is not None:
+                raise SubsetError("doc_id subsets need a text pool; for .bin pools use a sample_id subset")
+            return load_token_bin(self.paths[name], self.seq_len, self.cache_dir, self.eot_id, name=name)
         return pack_source(
             self.paths[name], self.seq_len, self.cache_dir, self.tokenizer, doc_filter, name=name, progress=self.progress
         )

@@ -1,0 +1,187 @@
+"""Ghost engine cost: scoring time and peak memory against a naive per-sample baseline and the floor.
+
+    python -m bench.ghost --out bench/results/ghost.json
+
+For a GPT of ~11M parameters and N = 16, 32, 64 candidates (+ a proxy batch), each variant runs in
+its own subprocess so peak RSS only rises within it:
+- ``engine``: GhostEngine, exact utilities + TensorSketch (live AdamW preconditioner);
+- ``naive``: chunked ``vmap(grad)`` per-sample gradients, the same preconditioner, utilities and
+  a CountSketch of the materialised P G_i;
+- ``floor``: one plain forward + backward over the same tokens (parameter ``.grad``).
+Memory is the peak RSS increase of the first call over the state right before it (the kernel's
+high-water mark reset through /proc/self/clear_refs; glibc's mmap threshold fixed so freed
+tensors leave RSS); time is the median of the warm repeats that follow.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+
+from models.gpt import GPT, GPTConfig
+from models.optim import build_optimizer
+from selection_callbacks.scoring.ghost import GhostEngine, scored_layers
+from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
+from selection_callbacks.scoring.sketch import CountSketch
+
+PROXY = 8
+
+
+def _rss_kb(field: str) -> int:
+    for line in Path("/proc/self/status").read_text().splitlines():
+        if line.startswith(field):
+            return int(line.split()[1])
+    raise RuntimeError(f"{field} not in /proc/self/status")
+
+
+def _reset_peak() -> None:
+    Path("/proc/self/clear_refs").write_text("5")
+
+
+def row_losses(model):
+    def fn(batch):
+        logits = model(batch["input_ids"])
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), reduction="none")
+        return nll.view(logits.shape[0], -1).mean(1)
+
+    return fn
+
+
+def setup(args: argparse.Namespace):
+    torch.manual_seed(0)
+    cfg = GPTConfig(vocab_size=320, block_size=args.score_len, n_layer=args.layers, n_head=args.width // 64, n_embd=args.width)
+    model = GPT(cfg)
+    opt = build_optimizer(model, "adamw", 3e-3, 0.1, (0.9, 0.95), 0.02, 0.95, 0.0)
+    for _ in range(2):  # real optimizer state from small batches (keeps the setup's memory peak low)
+        ids = torch.randint(0, 256, (2, args.score_len + 1))
+        opt.zero_grad()
+        row_losses(model)({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}).mean().backward()
+        opt.step()
+    opt.zero_grad(set_to_none=True)
+    ids = torch.randint(0, 256, (args.n + PROXY, args.score_len + 1), generator=torch.Generator().manual_seed(1))
+    return model, opt, {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
+
+
+def run_engine(model, opt, rows, args) -> None:
+    engine = GhostEngine(model, sketch_dim=args.sketch_dim, sketch="tensor")
+    engine.score(row_losses(model), rows, args.n, OptimizerPreconditioner(opt))
+
+
+def run_naive(model, opt, rows, args) -> None:
+    from torch.func import functional_call, grad, vmap
+
+    names = [f"{n}.weight" for n, _ in scored_layers(model)]
+    params = {k: v.detach() for k, v in model.named_parameters()}
+    resolver = OptimizerPreconditioner(opt)
+
+    def single(p, x, y):
+        logits = functional_call(model, p, (x[None],))
+        return F.cross_entropy(logits[0], y)
+
+    per_sample = vmap(grad(single), in_dims=(None, 0, 0))
+    proxy = per_sample(params, rows["input_ids"][args.n :], rows["labels"][args.n :])
+    gbar = {k: proxy[k].mean(0) for k in names}
+    maps = {k: resolver(dict(model.named_parameters())[k], gbar[k]) for k in names}
+    sketchers = {k: CountSketch(args.sketch_dim, *gbar[k].shape, 0, i, torch.device("cpu")) for i, k in enumerate(names)}
+    utilities, sketches = [], []
+    for i in range(0, args.n, args.chunk):
+        G = per_sample(params, rows["input_ids"][i : i + args.chunk], rows["labels"][i : i + args.chunk])
+        u = 0.0
+        s = 0.0
+        for k in names:
+            PG = maps[k].apply(G[k])
+            u = u + (PG * gbar[k]).flatten(1).sum(1)
+            s = s + sketchers[k](PG)
+        utilities.append(u)
+        sketches.append(s)
+        del G
+
+
+def run_floor(model, opt, rows, args) -> None:
+    model.zero_grad(set_to_none=True)
+    row_losses(model)(rows).sum().backward()
+
+
+VARIANTS = {"engine": run_engine, "naive": run_naive, "floor": run_floor}
+
+
+def child(args: argparse.Namespace) -> dict:
+    torch.set_num_threads(args.threads)
+    model, opt, rows = setup(args)
+    fn = VARIANTS[args.child]
+    _reset_peak()
+    base = _rss_kb("VmRSS")
+    fn(model, opt, rows, args)  # the first call: its peak is the memory measurement, then warm timings
+    peak = _rss_kb("VmHWM") - base
+    model.zero_grad(set_to_none=True)
+    times = []
+    for _ in range(args.repeats):
+        start = time.perf_counter()
+        fn(model, opt, rows, args)
+        times.append(time.perf_counter() - start)
+        model.zero_grad(set_to_none=True)
+    return {"seconds": statistics.median(times), "peak_mb": peak / 1024.0,
+            "params": sum(p.numel() for p in model.parameters())}
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m bench.ghost", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=False)
+    p.add_argument("--ns", default="16,32,64")
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--width", type=int, default=384)
+    p.add_argument("--score-len", type=int, default=64)
+    p.add_argument("--sketch-dim", type=int, default=1024)
+    p.add_argument("--chunk", type=int, default=8, help="naive per-sample gradient chunk")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--child", choices=list(VARIANTS))
+    p.add_argument("--n", type=int, default=64)
+    args = p.parse_args(argv)
+    if args.child:
+        print(json.dumps(child(args)))
+        return {}
+    table = []
+    for n in [int(x) for x in args.ns.split(",")]:
+        row = {"n": n}
+        for variant in VARIANTS:
+            cmd = [sys.executable, "-m", "bench.ghost", "--child", variant, "--n", str(n)]
+            for flag in ("layers", "width", "score_len", "sketch_dim", "chunk", "repeats", "threads"):
+                cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+            # a fixed mmap threshold returns freed tensors to the OS, so RSS tracks live memory
+            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
+            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=Path(__file__).resolve().parents[1])
+            res = json.loads(out.stdout.strip().splitlines()[-1])
+            row[f"{variant}_seconds"], row[f"{variant}_peak_mb"], row["params"] = res["seconds"], res["peak_mb"], res["params"]
+            print(f"[ghost] N={n} {variant}: {res['seconds']:.3f}s, peak +{res['peak_mb']:.0f} MB", flush=True)
+        table.append(row)
+    last = table[-1]
+    result = {
+        "config": {k: getattr(args, k) for k in ("layers", "width", "score_len", "sketch_dim", "chunk", "repeats", "threads")}
+        | {"proxy_rows": PROXY, "params": last["params"], "device": "cpu"},
+        "n": last["n"],
+        "speedup_vs_naive": last["naive_seconds"] / last["engine_seconds"],
+        "ratio_to_floor": last["engine_seconds"] / last["floor_seconds"],
+        "peak_mem_ratio_to_floor": last["engine_peak_mb"] / last["floor_peak_mb"],
+        "naive_mem_growth": table[-1]["naive_peak_mb"] / table[0]["naive_peak_mb"],
+        "engine_mem_growth": table[-1]["engine_peak_mb"] / table[0]["engine_peak_mb"],
+        "per_n": table,
+    }
+    print(json.dumps({k: v for k, v in result.items() if k != "per_n"}, indent=1))
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
