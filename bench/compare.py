@@ -149,7 +149,8 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
     online_seconds = float(sel.get("overhead_seconds", 0.0))
     return {
         "seed": seed,
-        "final_val_bpb": m["val_bpb"],
+        "final_val_bpb": m["val_bpb"] if m["val_bpb"] is not None else m["val_loss"],
+        "curve_metric": m.get("curve_metric", "val_bpb"),
         "curve": [[t, w + selection_seconds, b] for t, w, b in m["curve"]],
         "wall_seconds": m["wall_seconds"] + selection_seconds,
         "overhead_fraction": online_seconds / m["wall_seconds"] if m["wall_seconds"] else 0.0,
