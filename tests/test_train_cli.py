@@ -81,3 +81,14 @@ def test_mid_epoch_resume_continues_the_candidate_stream(tiny_corpus, tmp_path: 
     _fit(tiny_corpus, tmp_path / "b", steps=5, ckpt_every=3)
     resumed = _fit(tiny_corpus, tmp_path / "c", steps=8, ckpt_path=str(tmp_path / "b" / "epoch=0-step=3.ckpt"))
     assert resumed.ids == full.ids[3:]
+
+
+@pytest.mark.parametrize("method, rule", [("random", "Uniform"), ("high_loss", "TopK"), ("oracle", "TopK"),
+                                          ("opus", "SequentialBoltzmann"), ("greats", "SequentialBoltzmann")])
+def test_method_configs_keep_their_sampling_rule(tiny_corpus, method: str, rule: str) -> None:
+    """CLI defaults of the base class must not override a method's own sampling rule."""
+    args = ["--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config", str(ROOT / f"configs/method/{method}.yaml"),
+            *_data_args(tiny_corpus), "--data.seed", "5"]
+    cli = train.SelectionCLI(LitGPT, PoolDataModule, args=args, run=False)
+    selector = cli.trainer.callbacks[0]
+    assert type(selector.rule).__name__ == rule and selector.seed == 5

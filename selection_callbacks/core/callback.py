@@ -5,6 +5,7 @@ from __future__ import annotations
 import math
 from abc import ABC, abstractmethod
 import time
+from dataclasses import dataclass
 from collections.abc import MutableMapping
 from typing import Any, Literal
 
@@ -16,6 +17,20 @@ from typing_extensions import override
 from selection_callbacks.core.contract import SuperbatchError, subset_in_place, superbatch_size
 from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.core.sampling import effective_sample_size, make_rule
+
+
+@dataclass
+class Scores:
+    """What ``score`` may return instead of a plain [N] tensor: scores plus pairwise interactions.
+
+    Attributes:
+        values: [N] scores (higher is more wanted).
+        interactions: [N, N] penalty I_ij subtracted from j's score once i is chosen (rules
+            that draw sequentially use it; the others ignore it).
+    """
+
+    values: torch.Tensor
+    interactions: torch.Tensor | None = None
 
 
 class SelectionCallback(L.Callback, ABC):
@@ -38,7 +53,8 @@ class SelectionCallback(L.Callback, ABC):
     Args:
         ratio: kept fraction ρ = K/N in (0, 1].
         k: keep exactly this many per micro-batch instead (N < k is an error).
-        sampling: ``"top_k"``, ``"gumbel"`` (Gumbel-top-K) or ``"uniform"``.
+        sampling: ``"top_k"``, ``"gumbel"`` (Gumbel-top-K), ``"uniform"`` or ``"boltzmann"``
+            (sequential draws with the method's interaction penalty; temperature 0 is greedy).
         temperature: Gumbel-top-K temperature in score units.
         seed: selection seed.
         nonfinite: ``"error"`` raises on NaN/inf scores; ``"lowest"`` ranks them below every
@@ -49,7 +65,7 @@ class SelectionCallback(L.Callback, ABC):
         self,
         ratio: float = 0.5,
         k: int | None = None,
-        sampling: Literal["top_k", "gumbel", "uniform"] = "top_k",
+        sampling: Literal["top_k", "gumbel", "uniform", "boltzmann"] = "top_k",
         temperature: float = 1.0,
         seed: int = 0,
         nonfinite: Literal["error", "lowest"] = "error",
@@ -73,8 +89,14 @@ class SelectionCallback(L.Callback, ABC):
 
     # ---- what a method implements ----
     @abstractmethod
-    def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:
+    def score(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int
+    ) -> torch.Tensor | Scores:
         """Scores [N] of the candidates (runs under ``no_grad`` and the trainer's precision); higher is more wanted."""
+
+    def extra_metrics(self) -> dict[str, float]:
+        """Method-specific scalars logged with the ``select/*`` metrics of each micro-batch."""
+        return {}
 
     # ---- the contract ----
     def keep(self, n: int) -> int:
@@ -112,10 +134,20 @@ class SelectionCallback(L.Callback, ABC):
         k = self.keep(n)
         with torch.no_grad(), trainer.precision_plugin.train_step_context():
             raw = self.score(trainer, pl_module, batch, batch_idx)
+        raw, interactions = (raw.values, raw.interactions) if isinstance(raw, Scores) else (raw, None)
         scores, nonfinite = self._checked_scores(raw, n, batch)
+        if interactions is not None:
+            interactions = interactions.detach().float().cpu()
+            if interactions.shape != (n, n) or not torch.isfinite(interactions).all():
+                raise FloatingPointError(f"{type(self).__name__}: interactions must be finite [N, N] = [{n}, {n}]")
         generator = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx)
-        index = self.rule.select(scores, k, generator)
-        inclusion = self.rule.inclusion(scores, k, generator)
+        state = generator.get_state()
+        index = self.rule.select(scores, k, generator, interactions)
+        extra = {}
+        if interactions is not None:  # the same draws without the penalty: what the penalty changed
+            plain = self.rule.select(scores, k, torch.Generator().set_state(state), None)
+            extra["select/redundancy_changed"] = 1.0 - len(set(index.tolist()) & set(plain.tolist())) / k
+        inclusion = self.rule.inclusion(scores, k, generator, interactions)
         domain_share = self._domain_share(trainer, batch, index)
         subset_in_place(batch, index)
         self.last_selected, self.last_scores = index, scores
@@ -131,6 +163,8 @@ class SelectionCallback(L.Callback, ABC):
             "select/score_std": float(scores.std()) if n > 1 else 0.0,
             "select/ess": effective_sample_size(inclusion),
             **{f"select/domain/{name}": share for name, share in domain_share.items()},
+            **extra,
+            **self.extra_metrics(),
         }
         if nonfinite:
             metrics["select/nonfinite"] = float(nonfinite)

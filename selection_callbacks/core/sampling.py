@@ -13,11 +13,15 @@ import torch
 
 
 class SamplingRule(Protocol):
-    def select(self, scores: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
-        """Indices [k] into ``scores`` [N] (float, CPU)."""
+    def select(
+        self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions: torch.Tensor | None = None
+    ) -> torch.Tensor:
+        """Indices [k] into ``scores`` [N] (float, CPU); ``interactions`` [N, N] if the rule uses them."""
         ...
 
-    def inclusion(self, scores: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    def inclusion(
+        self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions: torch.Tensor | None = None
+    ) -> torch.Tensor:
         """π [N], the probability that each candidate is chosen."""
         ...
 
@@ -30,10 +34,10 @@ def _top(keys: torch.Tensor, k: int) -> torch.Tensor:
 class TopK:
     """The K highest scores."""
 
-    def select(self, scores: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    def select(self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions=None) -> torch.Tensor:
         return _top(scores, k)
 
-    def inclusion(self, scores: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    def inclusion(self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions=None) -> torch.Tensor:
         pi = torch.zeros_like(scores)
         pi[_top(scores, k)] = 1.0
         return pi
@@ -42,10 +46,10 @@ class TopK:
 class Uniform:
     """K uniformly without replacement (scores ignored)."""
 
-    def select(self, scores: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    def select(self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions=None) -> torch.Tensor:
         return torch.randperm(scores.shape[0], generator=generator)[:k]
 
-    def inclusion(self, scores: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    def inclusion(self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions=None) -> torch.Tensor:
         return torch.full_like(scores, k / scores.shape[0])
 
 
@@ -70,11 +74,11 @@ class GumbelTopK:
         u = torch.rand(shape, generator=generator, dtype=torch.float64).clamp_(1e-12, 1 - 1e-12)
         return (-torch.log(-torch.log(u))).to(dtype)
 
-    def select(self, scores: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    def select(self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions=None) -> torch.Tensor:
         keys = scores.double() / self.temperature + self._gumbel(scores.shape, generator, torch.float64)
         return _top(keys, k)
 
-    def inclusion(self, scores: torch.Tensor, k: int, generator: torch.Generator) -> torch.Tensor:
+    def inclusion(self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions=None) -> torch.Tensor:
         keys = scores.double()[None, :] / self.temperature + self._gumbel(
             (self.mc_draws, scores.shape[0]), generator, torch.float64
         )
@@ -83,15 +87,67 @@ class GumbelTopK:
         return chosen.mean(0).to(scores.dtype)
 
 
+class SequentialBoltzmann:
+    """K sequential draws with an in-step interaction penalty (OPUS; GREATS when greedy).
+
+    Draw i ∝ exp(g_i/τ) among the remaining (argmax when τ = 0), then g_j ← g_j − I_ij for the
+    remaining j, K times, starting from g = scores. Without interactions and τ > 0 this is
+    Plackett–Luce sampling (Gumbel-top-K); τ → 0 gives greedy, τ → ∞ uniform. Inclusion
+    probabilities are estimated from ``mc_draws`` extra runs.
+
+    Args:
+        temperature: τ ≥ 0 in score units (0: greedy).
+        mc_draws: Monte-Carlo runs for the inclusion probabilities (ESS only).
+    """
+
+    def __init__(self, temperature: float = 1.0, mc_draws: int = 32) -> None:
+        if temperature < 0:
+            raise ValueError(f"temperature must be ≥ 0 (0 is greedy), got {temperature}")
+        self.temperature, self.mc_draws = temperature, mc_draws
+
+    def _run(self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions, draws: int) -> torch.Tensor:
+        n = scores.shape[0]
+        gains = scores.double().expand(draws, n).clone()
+        penalty = interactions.double() if interactions is not None else None
+        taken = torch.zeros(draws, n, dtype=torch.bool)
+        rows = torch.arange(draws)
+        picks = []
+        for _ in range(k):
+            keys = gains / self.temperature if self.temperature > 0 else gains.clone()
+            if self.temperature > 0:
+                u = torch.rand(draws, n, generator=generator, dtype=torch.float64).clamp_(1e-12, 1 - 1e-12)
+                keys = keys - torch.log(-torch.log(u))
+            keys[taken] = -torch.inf
+            pick = keys.argmax(1)
+            taken[rows, pick] = True
+            picks.append(pick)
+            if penalty is not None:
+                gains -= penalty[pick]
+        return torch.stack(picks, 1)
+
+    def select(self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions=None) -> torch.Tensor:
+        return self._run(scores, k, generator, interactions, 1)[0]
+
+    def inclusion(self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions=None) -> torch.Tensor:
+        draws = 1 if self.temperature == 0 else self.mc_draws
+        picks = self._run(scores, k, generator, interactions, draws)
+        pi = torch.zeros(draws, scores.shape[0], dtype=scores.dtype)
+        pi.scatter_(1, picks, 1.0)
+        return pi.mean(0)
+
+
 def make_rule(name: str, temperature: float = 1.0) -> SamplingRule:
-    """``"top_k"``, ``"gumbel"`` (Gumbel-top-K at ``temperature``) or ``"uniform"``."""
+    """``"top_k"``, ``"gumbel"`` (Gumbel-top-K at ``temperature``), ``"uniform"``, or ``"boltzmann"``
+    (sequential draws with an interaction penalty; ``temperature=0`` is greedy)."""
     if name == "top_k":
         return TopK()
     if name == "gumbel":
         return GumbelTopK(temperature)
     if name == "uniform":
         return Uniform()
-    raise ValueError(f"unknown sampling rule {name!r}; choose top_k, gumbel or uniform")
+    if name == "boltzmann":
+        return SequentialBoltzmann(temperature)
+    raise ValueError(f"unknown sampling rule {name!r}; choose top_k, gumbel, uniform or boltzmann")
 
 
 def effective_sample_size(inclusion: torch.Tensor) -> float:

@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from typing import Any
-
 import lightning as L
 import torch
 from typing_extensions import override
@@ -29,11 +27,14 @@ class OracleDomainSelection(SelectionCallback):
         ratio: kept fraction ρ = K/N.
         target_domains: domain names to prefer; by default the domains of the datamodule's
             target split (``trainer.datamodule.splits["target"].domain_names``).
-        **kwargs: the remaining :class:`SelectionCallback` arguments.
+        seed: seed of the random order within and outside the target domains.
+        k: keep exactly this many instead of ratio·N.
     """
 
-    def __init__(self, ratio: float = 0.5, target_domains: list[str] | None = None, **kwargs: Any) -> None:
-        super().__init__(ratio=ratio, sampling="top_k", **kwargs)
+    def __init__(
+        self, ratio: float = 0.5, target_domains: list[str] | None = None, seed: int = 0, k: int | None = None
+    ) -> None:
+        super().__init__(ratio=ratio, k=k, sampling="top_k", seed=seed)
         self.target_domains = target_domains
 
     def _wanted_codes(self, trainer: L.Trainer) -> list[int]:

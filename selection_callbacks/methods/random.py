@@ -3,8 +3,6 @@
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from typing import Any
-
 import lightning as L
 import torch
 from typing_extensions import override
@@ -22,12 +20,11 @@ class RandomSelection(SelectionCallback):
     Args:
         ratio: kept fraction ρ = K/N.
         seed: selection seed.
-        **kwargs: the remaining :class:`SelectionCallback` arguments.
+        k: keep exactly this many instead of ratio·N.
     """
 
-    def __init__(self, ratio: float = 0.5, seed: int = 0, **kwargs: Any) -> None:
-        kwargs.setdefault("sampling", "uniform")
-        super().__init__(ratio=ratio, seed=seed, **kwargs)
+    def __init__(self, ratio: float = 0.5, seed: int = 0, k: int | None = None) -> None:
+        super().__init__(ratio=ratio, k=k, sampling="uniform", seed=seed)
 
     @override
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:

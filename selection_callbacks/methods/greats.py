@@ -1,0 +1,66 @@
+"""GREATS: greedy selection by a one-step Taylor estimate of the proxy-loss decrease, SGD geometry."""
+
+from __future__ import annotations
+
+import lightning as L
+from typing_extensions import override
+
+from selection_callbacks.core.callback import Scores
+from selection_callbacks.scoring.ghost import GhostScores, Resolver
+from selection_callbacks.scoring.ghost_callback import GhostSelection
+from selection_callbacks.scoring.preconditioners import IdentityPreconditioner
+
+
+class GreatsSelection(GhostSelection):
+    """Greedy u_i = η⟨g_i, ḡ_proxy⟩ − η² Σ_{j∈S} ⟨g_i, g_j⟩ with η = lr/K (the step of the batch mean).
+
+    Plain gradients (no optimizer preconditioning), physical units (no calibration: greedy is
+    scale-free and the interaction's weight relative to the utility is η itself).
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[GreatsSelection(ratio=0.5)])
+
+    Args:
+        ratio: kept fraction ρ = K/N.
+        score_len: tokens scored per candidate.
+        sketch_dim: m of the interaction sketches (0: no interaction term).
+        proxy_batch_size: proxy sequences per micro-batch.
+        proxy: a proxy file; default: the datamodule's target split.
+        include_embedding: also score the token embedding.
+        include_head: also score the output head.
+        sketch: ``"tensor"``, ``"count"`` or ``"two_sided"``.
+        seed: selection seed.
+        k: keep exactly this many instead of ratio·N.
+    """
+
+    def __init__(
+        self,
+        ratio: float = 0.5,
+        score_len: int = 64,
+        sketch_dim: int = 1024,
+        proxy_batch_size: int = 8,
+        proxy: str | None = None,
+        include_embedding: bool = False,
+        include_head: bool = False,
+        sketch: str = "tensor",
+        seed: int = 0,
+        k: int | None = None,
+    ) -> None:
+        super().__init__(
+            ratio, score_len, sketch_dim, proxy_batch_size, proxy, include_embedding, include_head, sketch,
+            temperature=0.0, seed=seed, k=k,
+        )
+
+    @override
+    def preconditioner(self, trainer: L.Trainer) -> Resolver:
+        return IdentityPreconditioner(1.0)
+
+    @override
+    def combine(self, result: GhostScores, k: int, trainer: L.Trainer) -> Scores:
+        eta = float(trainer.optimizers[0].param_groups[0]["lr"]) / k
+        values = eta * result.utilities.float()
+        if result.sketches is None:
+            return Scores(values)
+        S = result.sketches.float()
+        return Scores(values, eta * eta * (S @ S.T))

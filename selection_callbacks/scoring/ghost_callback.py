@@ -1,0 +1,135 @@
+"""``GhostSelection``: the shared plumbing of the ghost-gradient methods (OPUS, GREATS).
+
+Per micro-batch: cut a seeded ``score_len`` window from each candidate, draw a fresh proxy batch
+(windows of the target split, or of a user proxy file), run one ghost forward/backward over
+[candidate windows ++ proxy windows] on the unwrapped module, and hand the utilities and
+sketches to the method's :meth:`combine`.
+"""
+
+from __future__ import annotations
+
+from abc import abstractmethod
+from collections.abc import MutableMapping
+from typing import Any
+
+import lightning as L
+import numpy as np
+import torch
+from typing_extensions import override
+
+from selection_callbacks.core.callback import Scores, SelectionCallback
+from selection_callbacks.core.rng import derived_seed, micro_batch_generator
+from selection_callbacks.data.packing import PackedSplit, pack_source
+from selection_callbacks.scoring.ghost import GhostEngine, GhostScores, Resolver, check_precision
+from selection_callbacks.scoring.losses import per_sample_loss
+from selection_callbacks.scoring.windows import score_windows
+
+
+class GhostSelection(SelectionCallback):
+    """Base of the ghost-gradient selection callbacks.
+
+    Args:
+        ratio: kept fraction ρ = K/N.
+        score_len: tokens scored per candidate (a seeded random window).
+        sketch_dim: m of the redundancy sketches (0: no interaction term).
+        proxy_batch_size: proxy sequences drawn per micro-batch.
+        proxy: a proxy file (jsonl/parquet/text); default: the datamodule's target split.
+        include_embedding: also score the token embedding.
+        include_head: also score the output head.
+        sketch: ``"tensor"``, ``"count"`` or ``"two_sided"`` (see :class:`GhostEngine`).
+        temperature: τ of the sequential draws (0: greedy).
+        seed: selection seed (windows, proxy draws, sampling).
+        k: keep exactly this many instead of ratio·N.
+        nonfinite: see :class:`SelectionCallback`.
+    """
+
+    def __init__(
+        self,
+        ratio: float = 0.5,
+        score_len: int = 64,
+        sketch_dim: int = 1024,
+        proxy_batch_size: int = 8,
+        proxy: str | None = None,
+        include_embedding: bool = False,
+        include_head: bool = False,
+        sketch: str = "tensor",
+        temperature: float = 1.0,
+        seed: int = 0,
+        k: int | None = None,
+        nonfinite: str = "error",
+    ) -> None:
+        super().__init__(ratio=ratio, k=k, sampling="boltzmann", temperature=temperature, seed=seed, nonfinite=nonfinite)
+        if proxy_batch_size < 1:
+            raise ValueError(f"proxy_batch_size must be ≥ 1, got {proxy_batch_size}")
+        self.score_len, self.sketch_dim, self.proxy_batch_size = score_len, sketch_dim, proxy_batch_size
+        self.proxy_path, self.sketch = proxy, sketch
+        self.include_embedding, self.include_head = include_embedding, include_head
+        self.engine: GhostEngine | None = None
+        self._proxy_split: PackedSplit | None = None
+        self._last: GhostScores | None = None
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        check_precision(trainer)
+        module = getattr(pl_module, "model", None)
+        module = module if isinstance(module, torch.nn.Module) else pl_module
+        self.engine = GhostEngine(
+            module, self.include_embedding, self.include_head, self.sketch_dim, self.sketch  # type: ignore[arg-type]
+        )
+        if self.proxy_path is not None:
+            dm = getattr(trainer, "datamodule", None)
+            cache = getattr(dm, "cache_dir", None) or "~/.cache/selection_callbacks"
+            self._proxy_split = pack_source(self.proxy_path, self.score_len, str(cache), name="proxy", progress=False)
+
+    def _proxy_rows(self, trainer: L.Trainer, batch_idx: int, device: torch.device) -> dict[str, torch.Tensor]:
+        rng = np.random.default_rng(derived_seed(self.seed, trainer.current_epoch, batch_idx, "proxy"))
+        if self._proxy_split is not None:
+            split = self._proxy_split
+            rows = split.batch(rng.choice(len(split), min(self.proxy_batch_size, len(split)), replace=False))
+        else:
+            dm = getattr(trainer, "datamodule", None)
+            if not hasattr(dm, "target_batch"):
+                raise ValueError(
+                    f"{type(self).__name__} needs proxy sequences: pass proxy=FILE or use a datamodule with "
+                    "target_batch(n, rng) (PoolDataModule reads --data.target)"
+                )
+            rows = dm.target_batch(self.proxy_batch_size, rng)
+        gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "proxy-window")
+        return {k: v.to(device) for k, v in score_windows(rows, self.score_len, gen).items()}
+
+    @abstractmethod
+    def preconditioner(self, trainer: L.Trainer) -> Resolver:
+        """The per-parameter map P of this step."""
+
+    @abstractmethod
+    def combine(self, result: GhostScores, k: int, trainer: L.Trainer) -> Scores:
+        """Scores and interactions from the ghost utilities and sketches."""
+
+    @override
+    def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> Scores:
+        n = batch["input_ids"].shape[0]
+        gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
+        cand = score_windows(batch, self.score_len, gen)
+        proxy = self._proxy_rows(trainer, batch_idx, cand["input_ids"].device)
+        keys = [k for k in ("input_ids", "labels") if k in cand]
+        if set(keys) != set(k for k in ("input_ids", "labels") if k in proxy):
+            raise ValueError("candidate and proxy batches must both carry 'labels' or both not")
+        if proxy["input_ids"].shape[1] != cand["input_ids"].shape[1]:
+            raise ValueError(
+                f"proxy windows have {proxy['input_ids'].shape[1]} tokens, candidates {cand['input_ids'].shape[1]}; "
+                f"proxy sequences must be at least score_len={self.score_len} long"
+            )
+        rows = {k: torch.cat([cand[k], proxy[k]]) for k in keys}
+        assert self.engine is not None, "setup() was not called"
+        self._last = self.engine.score(lambda b: per_sample_loss(pl_module, b), rows, n, self.preconditioner(trainer), self.seed)
+        return self.combine(self._last, self.keep(n), trainer)
+
+    @override
+    def extra_metrics(self) -> dict[str, float]:
+        if self._last is None:
+            return {}
+        out = {"select/utility_raw_std": float(self._last.utilities.std()) if self._last.utilities.numel() > 1 else 0.0,
+               "select/proxy_loss": float(self._last.losses[self._last.utilities.shape[0]:].mean())}
+        if self._last.factor_error:
+            out["select/factor_error"] = float(np.mean(list(self._last.factor_error.values())))
+        return out

@@ -1,0 +1,149 @@
+"""OPUS and GREATS behaviour in real Trainer runs on a tiny GPT."""
+
+from __future__ import annotations
+
+import statistics
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+from models.gpt import GPTConfig
+from models.lit_gpt import LitGPT
+from selection_callbacks.core.sampling import SequentialBoltzmann, effective_sample_size
+from selection_callbacks.data.datamodule import PoolDataModule
+from selection_callbacks.methods import GreatsSelection, OPUSSelection
+
+CFG = GPTConfig(vocab_size=320, block_size=32, n_layer=2, n_head=2, n_embd=32)
+
+
+class Metrics(L.Callback):
+    """Collects the select/* metrics of every micro-batch."""
+
+    def __init__(self) -> None:
+        self.rows: list[dict[str, float]] = []
+
+    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
+        self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("select/")})
+
+
+def _fit(corpus, selector, steps: int, optimizer: str = "adamw", batch_size: int = 8, ratio: float = 0.5):
+    torch.manual_seed(0)
+    seen = Metrics()
+    trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=[selector, seen], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0)
+    dm = PoolDataModule(corpus["pool"], corpus["target"], corpus["val"], seq_len=32, batch_size=batch_size,
+                        ratio=ratio, progress=False)
+    trainer.fit(LitGPT(CFG, optimizer=optimizer, warmup_steps=2), datamodule=dm)
+    return seen
+
+
+@pytest.mark.parametrize("optimizer", ["adamw", "muon"])
+def test_opus_picks_the_proxy_domain(tiny_corpus, optimizer: str) -> None:
+    selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256, temperature=0.5)
+    _fit(tiny_corpus, selector, steps=25, optimizer=optimizer)
+    counts = selector.domain_counts
+    share = counts.get("prose", 0) / sum(counts.values())
+    assert share > 0.7, f"prose share {share:.2f} (base rate 0.5)"
+
+
+def test_greats_picks_the_proxy_domain(tiny_corpus) -> None:
+    selector = GreatsSelection(ratio=0.5, score_len=16, sketch_dim=256)
+    _fit(tiny_corpus, selector, steps=15)
+    assert selector.domain_counts.get("prose", 0) / sum(selector.domain_counts.values()) > 0.8
+
+
+def test_default_opus_ess_strictly_between_k_and_n(tiny_corpus) -> None:
+    seen = _fit(tiny_corpus, OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256), steps=12)
+    median = statistics.median(r["select/ess"] for r in seen.rows)
+    assert 8.0 < median < 16.0, f"median ESS {median} must lie strictly between K=8 and N=16"
+    assert all("select/redundancy_changed" in r for r in seen.rows)
+
+
+def _scores_and_interactions(corpus, duplicates: int):
+    """A trained model's OPUS scores on a superbatch whose first rows are copies of one prose sequence."""
+    captured = {}
+
+    class Capture(OPUSSelection):
+        def combine(self, result, k, trainer):
+            out = super().combine(result, k, trainer)
+            captured.setdefault("scores", out)
+            return out
+
+    class DuplicatingDM(PoolDataModule):
+        def train_dataloader(self):
+            base = super().train_dataloader()
+
+            class Loader:
+                def __iter__(self_inner):
+                    for batch in base:
+                        prose = int((batch["domain"] == self.domain_names.index("prose")).nonzero()[0])
+                        for key in ("input_ids", "labels", "sample_id", "domain"):
+                            batch[key][:duplicates] = batch[key][prose]
+                        yield batch
+
+                def __len__(self_inner):
+                    return len(base)
+
+            return Loader()
+
+    torch.manual_seed(0)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+                        callbacks=[Capture(ratio=0.25, score_len=32, sketch_dim=512, redundancy_weight=8.0)])
+    dm = DuplicatingDM(corpus["pool"], corpus["target"], corpus["val"], seq_len=32, batch_size=4, ratio=0.25,
+                       progress=False)
+    trainer.fit(LitGPT(CFG, warmup_steps=1), datamodule=dm)
+    return captured["scores"]
+
+
+def test_duplicates_are_rarely_picked_together_with_redundancy(tiny_corpus) -> None:
+    scores = _scores_and_interactions(tiny_corpus, duplicates=2)
+    values, inter = scores.values, scores.interactions
+    torch.testing.assert_close(values[0], values[1])  # identical candidates, identical utility
+    torch.testing.assert_close(inter[0, 1], inter[0, 0])  # and the full self-similarity as penalty
+    values = values.clone()
+    values[:2] = values.max()  # a duplicated pair among the best candidates
+    rule = SequentialBoltzmann(1.0)
+
+    def both_chosen(interactions) -> float:
+        picks = [set(rule.select(values, 4, torch.Generator().manual_seed(s), interactions).tolist()) for s in range(400)]
+        return float(np.mean([{0, 1} <= p for p in picks]))
+
+    with_penalty, without = both_chosen(inter), both_chosen(None)
+    assert without > 0.2 and with_penalty < 0.5 * without, (with_penalty, without)
+
+
+def test_temperature_limits(tiny_corpus) -> None:
+    g = torch.Generator().manual_seed(0)
+    values = torch.randn(16, generator=g)
+    inter = torch.rand(16, 16, generator=g) * 0.1
+    greedy = SequentialBoltzmann(0.0).select(values, 8, torch.Generator(), inter)
+    cold = SequentialBoltzmann(1e-6).select(values, 8, torch.Generator().manual_seed(3), inter)
+    assert greedy.tolist() == cold.tolist()
+    hot = SequentialBoltzmann(1e6, mc_draws=4000).inclusion(values, 8, torch.Generator().manual_seed(4), inter)
+    assert effective_sample_size(hot) == pytest.approx(16.0, rel=0.02)
+    assert effective_sample_size(SequentialBoltzmann(0.0).inclusion(values, 8, torch.Generator(), inter)) == 8.0
+
+
+def test_opus_refuses_a_datamodule_without_proxy(tiny_corpus) -> None:
+    class NoTarget(LitGPT):
+        def train_dataloader(self):
+            dm = PoolDataModule(tiny_corpus["pool"], tiny_corpus["target"], tiny_corpus["val"], seq_len=32,
+                                batch_size=4, ratio=0.5, progress=False)
+            dm.prepare_data()
+            dm.setup()
+            return dm.train_dataloader()
+
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, callbacks=[OPUSSelection(ratio=0.5, score_len=16)])
+    with pytest.raises(ValueError, match="needs proxy sequences"):
+        trainer.fit(NoTarget(CFG, warmup_steps=1))
+
+
+def test_opus_with_a_proxy_file(tiny_corpus) -> None:
+    selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=128, proxy=tiny_corpus["target"])
+    _fit(tiny_corpus, selector, steps=3)
+    assert selector.selections == 3
