@@ -40,10 +40,13 @@ REGISTRY: dict[str, Method] = {
     "random": Method("random", config="configs/method/random.yaml"),
     "high_loss": Method("high_loss", config="configs/method/high_loss.yaml"),
     "oracle": Method("oracle", config="configs/method/oracle.yaml"),
+    "opus": Method("opus", config="configs/method/opus.yaml"),
+    "opus_greedy": Method("opus_greedy", config="configs/method/opus_greedy.yaml"),
+    "greats": Method("greats", config="configs/method/greats.yaml"),
 }
 
 PLANNED = (
-    "rho", "classact", "classact_report", "greats", "opus", "opus_greedy",
+    "rho", "classact", "classact_report",
     "warmup_delta", "policy", "datamask", "dsir", "autodata",
 )
 

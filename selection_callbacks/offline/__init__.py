@@ -1,0 +1,1 @@
+"""Offline selectors and their shared pieces: pool → subset."""
