@@ -30,6 +30,7 @@ import torch.nn.functional as F
 from models.gpt import GPT, GPTConfig
 from models.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine, scored_layers
+from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
 from selection_callbacks.scoring.sketch import CountSketch
 
@@ -47,13 +48,6 @@ def _reset_peak() -> None:
     Path("/proc/self/clear_refs").write_text("5")
 
 
-def row_losses(model):
-    def fn(batch):
-        logits = model(batch["input_ids"])
-        nll = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), reduction="none")
-        return nll.view(logits.shape[0], -1).mean(1)
-
-    return fn
 
 
 def setup(args: argparse.Namespace):

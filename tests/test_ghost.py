@@ -13,6 +13,7 @@ from torch.func import functional_call, grad, vmap
 from models.gpt import GPT, GPTConfig
 from models.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine, check_precision, scored_layers
+from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.preconditioners import (
     IdentityPreconditioner,
     OptimizerPreconditioner,
@@ -22,13 +23,6 @@ from selection_callbacks.scoring.preconditioners import (
 N_CAND, N_PROXY, T = 5, 3, 8
 
 
-def row_losses(model):
-    def fn(batch):
-        logits = model(batch["input_ids"])
-        nll = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), reduction="none")
-        return nll.view(logits.shape[0], -1).mean(1)
-
-    return fn
 
 
 def make_optimizer(model, name: str):

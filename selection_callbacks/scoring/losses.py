@@ -23,3 +23,15 @@ def per_sample_loss(module: object, batch: MutableMapping) -> torch.Tensor:
             "(mean token loss per sequence, see models.lit_gpt.LitGPT.per_sample_loss)"
         )
     return module.per_sample_loss(batch)
+
+
+def mean_token_losses(model: torch.nn.Module):
+    """``batch -> Tensor[N]``: mean next-token loss per row of a plain LM (ids → logits) on ``input_ids``/``labels``."""
+    import torch.nn.functional as F
+
+    def fn(batch: MutableMapping) -> torch.Tensor:
+        logits = model(batch["input_ids"])
+        nll = F.cross_entropy(logits.flatten(0, 1).float(), batch["labels"].flatten(), reduction="none")
+        return nll.view(logits.shape[0], -1).mean(1)
+
+    return fn
