@@ -28,6 +28,14 @@ class SelectionCLI(LightningCLI):
         parser.link_arguments("data.seed", "selection.init_args.seed")
         parser.link_arguments("data.seq_len", "model.config.block_size")
 
+    def before_fit(self) -> None:
+        has_selector = any(isinstance(c, SelectionCallback) for c in self.trainer.callbacks)
+        if not has_selector and self.datamodule.ratio < 1.0:
+            raise ValueError(
+                f"data.ratio={self.datamodule.ratio} builds superbatches of {self.datamodule.superbatch_size} but no "
+                "--selection callback keeps K of them: add --config configs/method/<name>.yaml or set --data.ratio 1"
+            )
+
     def after_fit(self) -> None:
         recorder = next(c for c in self.trainer.callbacks if isinstance(c, RunRecorder))
         if not recorder.curve or recorder.curve[-1][0] != recorder.update_tokens:

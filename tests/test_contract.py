@@ -9,6 +9,7 @@ from torch.utils.data import DataLoader
 
 from models.gpt import GPTConfig
 from models.lit_gpt import LitGPT
+from selection_callbacks.core.callback import SelectionCallback
 from selection_callbacks.core.contract import SuperbatchError, subset_in_place
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import HighLossSelection, RandomSelection
@@ -43,7 +44,7 @@ class RecordingSelection(HighLossSelection):
         return s
 
 
-class ConstantScores(RandomSelection):
+class ConstantScores(SelectionCallback):
     def __init__(self, scores: torch.Tensor, **kw) -> None:
         super().__init__(sampling="top_k", **kw)
         self.fixed = scores

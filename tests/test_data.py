@@ -248,3 +248,18 @@ def test_mixed_bin_and_text_splits_are_rejected(tiny_corpus, tmp_path: Path) -> 
         PoolDataModule(tiny_corpus["pool"], str(tmp_path / "t.bin"), tiny_corpus["val"])
     with pytest.raises(ValueError, match="data.vocab_size"):
         PoolDataModule(str(tmp_path / "p.bin"), str(tmp_path / "t.bin"), str(tmp_path / "v.bin"))
+
+
+def test_fractional_weights_keep_their_expected_share(tiny_corpus, tmp_path: Path) -> None:
+    from selection_callbacks.data.subset import repeat_counts
+
+    w = np.full(100, 0.5)
+    counts = np.stack([repeat_counts(w, np.random.default_rng(s)) for s in range(400)])
+    assert set(counts.sum(1).tolist()) <= {50}  # Σw = 50 exactly
+    assert np.allclose(counts.mean(0), 0.5, atol=0.1)
+    w = np.full(100, 1.9)
+    assert set(repeat_counts(w, np.random.default_rng(0)).tolist()) <= {1, 2}
+    path = write_subset(tmp_path / "half.parquet", "sample_id", list(range(64)), weights=np.full(64, 0.5))
+    dm = _dm(tiny_corpus, subset=str(path))
+    assert len(dm.train_dataloader()) == 4  # 32 sequences per epoch / N=8
+    assert sum(b["sample_id"].numel() for b in dm.train_dataloader()) == 32

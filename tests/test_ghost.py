@@ -233,3 +233,52 @@ def test_score_windows_are_seeded_contiguous_slices() -> None:
     offsets = {tuple(score_windows(batch, 6, torch.Generator().manual_seed(s))["input_ids"][:, 0].tolist()) for s in range(20)}
     assert len(offsets) > 10
     assert score_windows(batch, 50, torch.Generator())["input_ids"] is ids
+
+
+class _Twice(torch.nn.Module):
+    def __init__(self) -> None:
+        super().__init__()
+        self.emb = torch.nn.Embedding(64, 16)
+        self.lin = torch.nn.Linear(16, 16)
+        self.head = torch.nn.Linear(16, 64)
+
+    def forward(self, ids):
+        return self.head(self.lin(self.lin(self.emb(ids))))
+
+
+class _Flat(_Twice):
+    def forward(self, ids):
+        h = self.emb(ids)
+        return self.head(self.lin(h.reshape(-1, 16)).reshape(h.shape))
+
+
+def test_layer_called_twice_is_an_error_unless_excluded() -> None:
+    model = _Twice()
+    with pytest.raises(RuntimeError, match="ran twice in one forward"):
+        GhostEngine(model, include_head=True).score(row_losses(model), rows(), N_CAND, IdentityPreconditioner())
+    got = GhostEngine(model, include_head=True, exclude=("lin",)).score(row_losses(model), rows(), N_CAND, IdentityPreconditioner())
+    assert set(got.layer_utilities) == {"head"}
+
+
+def test_rows_must_stay_batch_first() -> None:
+    model = _Flat()
+    with pytest.raises(ValueError, match="batch-first"):
+        GhostEngine(model).score(row_losses(model), rows(), N_CAND, IdentityPreconditioner())
+
+
+def test_biases_enter_sketches_and_norms() -> None:
+    model, opt = trained("sgd", 2, bias=True)
+    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    got = GhostEngine(model, norms=True, sketch_dim=256, sketch="count").score(row_losses(model), batch, N_CAND, resolver)
+    _, gram = brute_force(model, batch, resolver, scored_layers(model))
+    torch.testing.assert_close(got.sq_norms, gram.diagonal(), rtol=1e-4, atol=0)
+
+
+def test_adamw_map_stays_bounded_on_unseen_embedding_rows() -> None:
+    model, opt = trained("adamw", 0)
+    gbar = torch.zeros_like(model.wte.weight)
+    gbar[:3] = 1e-3  # the proxy touches three rows only
+    P = OptimizerPreconditioner(opt)(model.wte.weight, gbar)
+    scale = P.C * P.D
+    # untouched rows are capped by the tensor floor: 1/√(0.01·mean v) instead of lr/ε (~1e5 × the touched rows)
+    assert float(scale.max() / scale.min()) == pytest.approx((1 / (0.01 * 3 / 64)) ** 0.5, rel=1e-3)

@@ -92,3 +92,25 @@ def test_method_configs_keep_their_sampling_rule(tiny_corpus, method: str, rule:
     cli = train.SelectionCLI(LitGPT, PoolDataModule, args=args, run=False)
     selector = cli.trainer.callbacks[0]
     assert type(selector.rule).__name__ == rule and selector.seed == 5
+
+
+def test_resume_from_checkpoint_reproduces_the_run(tiny_corpus, tmp_path: Path) -> None:
+    """Checkpointed state (model, optimizer, loader position, selector, recorder) resumes the same run."""
+    base = ["fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config",
+            str(ROOT / "configs/method/high_loss.yaml"), *_data_args(tiny_corpus), *TINY,
+            "--trainer.max_steps", "6", "--trainer.val_check_interval", "3", "--data.val_samples", "16",
+            "--trainer.enable_progress_bar", "false", "--trainer.enable_checkpointing", "true",
+            "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_top_k=-1"]  # saved after each validation
+    train.main([*base, "--trainer.default_root_dir", str(tmp_path / "full"),
+                f"--trainer.callbacks.dirpath={tmp_path / 'full_ckpt'}"])
+    ckpt = tmp_path / "full_ckpt" / "epoch=0-step=3.ckpt"
+    assert ckpt.exists()
+    train.main([*base, "--trainer.default_root_dir", str(tmp_path / "resumed"),
+                f"--trainer.callbacks.dirpath={tmp_path / 'resumed_ckpt'}", "--ckpt_path", str(ckpt)])
+    full = json.loads((tmp_path / "full" / "metrics.json").read_text())
+    resumed = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
+    assert resumed["update_tokens"] == full["update_tokens"] and resumed["global_step"] == 6
+    assert [p[0] for p in resumed["curve"]] == [p[0] for p in full["curve"]]
+    assert resumed["val_bpb"] == pytest.approx(full["val_bpb"], abs=1e-5)
+    assert resumed["selection"]["kept"] == full["selection"]["kept"]
+    assert resumed["selection"]["domains"] == pytest.approx(full["selection"]["domains"])

@@ -102,7 +102,6 @@ class RunRecorder(L.Callback):
         return {
             "update_tokens": self.update_tokens,
             "curve": self.curve,
-            "curve_metric": metric.replace("/", "_"),
             "domain_history": self.domain_history,
             "train_seconds": self.wall_seconds(),
         }

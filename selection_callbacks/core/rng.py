@@ -15,7 +15,8 @@ import torch
 def derived_seed(seed: int, epoch: int, batch_idx: int, purpose: str = "select") -> int:
     """A 63-bit seed from the tuple, stable across processes and Python versions."""
     entropy = [int(seed) & 0xFFFFFFFF, int(epoch), int(batch_idx), zlib.crc32(purpose.encode())]
-    return int(np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32).astype(np.uint64) @ [1 << 31, 1])
+    hi, lo = (int(x) for x in np.random.SeedSequence(entropy).generate_state(2, dtype=np.uint32))
+    return ((hi & 0x7FFFFFFF) << 32) | lo
 
 
 def micro_batch_generator(seed: int, epoch: int, batch_idx: int, purpose: str = "select") -> torch.Generator:

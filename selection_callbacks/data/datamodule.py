@@ -159,7 +159,7 @@ class PoolDataModule(L.LightningDataModule):
                 self._train_ids = np.arange(len(pool), dtype=np.int64)
                 if subset.weights is not None:
                     w = np.zeros(len(pool.doc_ids))
-                    w[[order[d] for d in subset.ids]] = subset.weights
+                    np.add.at(w, [order[d] for d in subset.ids], subset.weights)
                     self._train_weights = self._sample_weights_from_docs(pool, w)
             else:
                 ids = np.asarray(subset.ids, dtype=np.int64)

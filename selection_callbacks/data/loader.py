@@ -79,7 +79,7 @@ class SuperbatchLoader:
         return ids[np.random.default_rng([self.seed, epoch]).permutation(len(ids))]
 
     def __len__(self) -> int:
-        n = len(self.sample_ids) if self.weights is None else int(np.floor(self.weights).sum())
+        n = len(self.sample_ids) if self.weights is None else int(np.floor(self.weights.sum()))  # an epoch's minimum
         return n // (self.superbatch_size * self.world_size)
 
     def __iter__(self) -> Iterator[dict[str, torch.Tensor]]:

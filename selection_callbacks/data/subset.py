@@ -1,7 +1,8 @@
 """Subset files: parquet with a ``doc_id`` or ``sample_id`` column and an optional ``weight``.
 
-``weight`` is a repeat count per epoch (fractions are rounded stochastically, seeded), so the
-ledger's "selected ids with counts" export trains as written.
+``weight`` is a repeat count per epoch (fractions are rounded stochastically, seeded, with the
+epoch's total fixed at ⌊Σw⌋ or ⌈Σw⌉), so the ledger's "selected ids with counts" export trains
+as written. Duplicate ids add their weights.
 """
 
 from __future__ import annotations
@@ -69,6 +70,10 @@ def write_subset(path: str | Path, kind: str, ids: list, weights: np.ndarray | N
 
 
 def repeat_counts(weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Integer repeat counts with E[count] = weight (stochastic rounding)."""
-    base = np.floor(weights)
-    return (base + (rng.random(weights.shape) < weights - base)).astype(np.int64)
+    """Integer repeat counts with E[count_i] = weight_i and a total of ⌊Σw⌋ or ⌈Σw⌉.
+
+    Systematic rounding: count_i = ⌊C_i + u⌋ − ⌊C_{i−1} + u⌋ with C the cumulative weights and
+    one u ~ U[0, 1), so an epoch never holds fewer than ⌊Σw⌋ sequences.
+    """
+    edges = np.floor(np.concatenate([[0.0], np.cumsum(weights)]) + rng.random())
+    return np.diff(edges).astype(np.int64)

@@ -15,6 +15,7 @@ Without it validation reports loss only.
 from __future__ import annotations
 
 import hashlib
+import os
 from pathlib import Path
 
 import numpy as np
@@ -59,7 +60,9 @@ def load_token_bin(path: str | Path, seq_len: int, cache_dir: str | Path, eot_id
         ends = np.flatnonzero(tokens == eot_id)
         starts = np.concatenate([[0], ends[ends < tokens.shape[0] - 1] + 1]).astype(np.int64)
         starts_file.parent.mkdir(parents=True, exist_ok=True)
-        np.save(starts_file, starts)
+        tmp = starts_file.with_name(f"{starts_file.name}.{os.getpid()}.tmp.npy")
+        np.save(tmp, starts)
+        os.replace(tmp, starts_file)  # atomic: ranks building the same cache never read a partial file
     n = (tokens.shape[0] - 1) // seq_len
     return PackedSplit(
         tokens=tokens,

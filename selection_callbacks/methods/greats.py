@@ -8,11 +8,12 @@ from typing_extensions import override
 from selection_callbacks.core.callback import Scores
 from selection_callbacks.scoring.ghost import GhostScores, Resolver
 from selection_callbacks.scoring.ghost_callback import GhostSelection
-from selection_callbacks.scoring.preconditioners import IdentityPreconditioner
+from selection_callbacks.scoring.preconditioners import SGDStepPreconditioner
 
 
 class GreatsSelection(GhostSelection):
-    """Greedy u_i = η⟨g_i, ḡ_proxy⟩ − η² Σ_{j∈S} ⟨g_i, g_j⟩ with η = lr/K (the step of the batch mean).
+    """Greedy u_i = η⟨g_i, ḡ_proxy⟩ − η² Σ_{j∈S} ⟨g_i, g_j⟩ with η = lr/K (the step of the batch mean;
+    per parameter group, and over K × accumulation steps when gradients accumulate).
 
     Plain gradients (no optimizer preconditioning), physical units (no calibration: greedy is
     scale-free and the interaction's weight relative to the utility is η itself).
@@ -53,14 +54,13 @@ class GreatsSelection(GhostSelection):
         )
 
     @override
-    def preconditioner(self, trainer: L.Trainer) -> Resolver:
-        return IdentityPreconditioner(1.0)
+    def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
+        return SGDStepPreconditioner(trainer.optimizers[0], k * trainer.accumulate_grad_batches)
 
     @override
     def combine(self, result: GhostScores, k: int, trainer: L.Trainer) -> Scores:
-        eta = float(trainer.optimizers[0].param_groups[0]["lr"]) / k
-        values = eta * result.utilities.float()
+        # with P = η·I the engine's utilities are η⟨g_i, ḡ⟩ and its sketches those of η g_i
         if result.sketches is None:
-            return Scores(values)
+            return Scores(result.utilities.float())
         S = result.sketches.float()
-        return Scores(values, eta * eta * (S @ S.T))
+        return Scores(result.utilities.float(), S @ S.T)

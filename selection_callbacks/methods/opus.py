@@ -48,7 +48,7 @@ class OPUSSelection(GhostSelection):
         self.redundancy_weight = redundancy_weight
 
     @override
-    def preconditioner(self, trainer: L.Trainer) -> Resolver:
+    def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
         return OptimizerPreconditioner(trainer.optimizers[0])
 
     @override

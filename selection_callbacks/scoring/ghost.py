@@ -51,14 +51,18 @@ class GhostScores:
     shared: list[str] = field(default_factory=list)
 
 
-def scored_layers(model: nn.Module, include_embedding: bool = False, include_head: bool = False) -> list[tuple[str, nn.Module]]:
+def scored_layers(
+    model: nn.Module, include_embedding: bool = False, include_head: bool = False, exclude: tuple[str, ...] = ()
+) -> list[tuple[str, nn.Module]]:
     """Every ``nn.Linear`` (the output head only if asked) and, if asked, every ``nn.Embedding``.
 
-    An embedding whose output is shared by all rows (a position table) has no per-sample
-    gradient; the engine skips it and lists it in ``GhostScores.shared``.
+    A position table (an embedding looked up with 1-D ids and broadcast over rows) cannot be
+    captured per sample; the engine skips it and lists it in ``GhostScores.shared``.
     """
     out = []
     for name, module in model.named_modules():
+        if name in exclude:
+            continue
         if isinstance(module, nn.Linear):
             is_head = getattr(module, "is_output_head", False) or name.split(".")[-1] == "lm_head"
             if include_head or not is_head:
@@ -88,6 +92,7 @@ class GhostEngine:
             (exact CountSketch of materialised P G_i, the reference) or ``"two_sided"``.
         norms: also compute ‖P G_i‖².
         chunk: candidates per chunk where per-sample matrices are materialised.
+        exclude: module names not to score (e.g. a layer applied twice per forward).
     """
 
     def __init__(
@@ -99,11 +104,12 @@ class GhostEngine:
         sketch: SketchKind = "tensor",
         norms: bool = False,
         chunk: int = 8,
+        exclude: tuple[str, ...] = (),
     ) -> None:
         if sketch not in ("tensor", "count", "two_sided"):
             raise ValueError(f"unknown sketch {sketch!r}; choose tensor, count or two_sided")
         self.model = model
-        self.layers = scored_layers(model, include_embedding, include_head)
+        self.layers = scored_layers(model, include_embedding, include_head, tuple(exclude))
         self.sketch_dim, self.sketch, self.norms, self.chunk = sketch_dim, sketch, norms, chunk
         self._sketchers: dict[tuple[str, int], object] = {}
 
@@ -121,7 +127,7 @@ class GhostEngine:
         if not 0 < n_candidates < n_rows:
             raise ValueError(f"need candidates and ≥ 1 proxy row: N={n_candidates} of R={n_rows} rows")
         state = _PassState(n_candidates, n_rows - n_candidates, preconditioner, seed)
-        handles = [m.register_forward_hook(self._forward_hook(name, state)) for name, m in self.layers]
+        handles = [m.register_forward_hook(self._forward_hook(name, state), with_kwargs=True) for name, m in self.layers]
         try:
             with torch.enable_grad():
                 losses = loss_fn(rows)
@@ -150,15 +156,27 @@ class GhostEngine:
         )
 
     def _forward_hook(self, name: str, state: "_PassState") -> Callable:
-        def hook(module: nn.Module, inputs: tuple, output: torch.Tensor) -> None:
+        def hook(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
             if not torch.is_grad_enabled() or not output.requires_grad:
                 return
-            x = inputs[0]
-            if x.ndim < 2 or x.shape[0] != state.n + state.p:  # shared by all rows (a position table)
+            if name in state.seen:
+                raise RuntimeError(
+                    f"ghost scoring: layer {name!r} ran twice in one forward (shared weights); its per-sample "
+                    "gradient would mix both calls: pass exclude=[...] to score the other layers"
+                )
+            state.seen.add(name)
+            x = args[0] if args else next(iter(kwargs.values()))
+            rows = state.n + state.p
+            if isinstance(module, nn.Embedding) and x.ndim == 1:  # a position table, broadcast over rows
                 state.shared.append(name)
                 return
+            if x.ndim < 2 or x.shape[0] != rows:
+                raise ValueError(
+                    f"ghost scoring: layer {name!r} got input of shape {tuple(x.shape)}; scored layers need "
+                    f"batch-first inputs [R={rows}, ...] (exclude the layer or keep the row dimension)"
+                )
             if not (x.is_floating_point() and x.requires_grad):
-                state.roots.append(output)  # a branch that starts here (token/position ids, raw features)
+                state.roots.append(output)  # a branch that starts here (token ids, raw features)
             elif not state.roots:
                 state.roots.append(x)  # the earliest activation: the backward to it reaches every later layer
             captured = x.detach()
@@ -178,21 +196,27 @@ class GhostEngine:
         pre = state.resolve(module.weight, gbar)
         Q = pre.apply(gbar)
         u = ((B[:N] @ Q) * A[:N]).sum((1, 2))
-        if module.bias is not None:
-            bias_pre = state.resolve(module.bias, B[N:].sum(1).mean(0))
-            u = u + B[:N].sum(1) @ bias_pre.apply(B[N:].sum(1).mean(0))
+        bias_pg = None
+        if module.bias is not None:  # G_bias = Σ_t b_t
+            gbar_b = B[N:].sum(1).mean(0)
+            bias_pg = state.resolve(module.bias, gbar_b).apply(B[:N].sum(1))  # [N, d_out]
+            u = u + bias_pg @ gbar_b
         state.utilities[name] = u
         if self.sketch_dim:
             state.add_sketch(self._sketch_linear(name, pre, B[:N], A[:N], state))
+            if bias_pg is not None:
+                cs = self._sketcher(name + ".bias", CountSketch, bias_pg.shape[1], 1, state.seed, B.device)
+                state.add_sketch(cs(bias_pg[:, :, None]))
             if isinstance(pre, DiagonalMap) and self.sketch != "count":
                 state.factor_error[name] = pre.factor_error
         if self.norms:
-            state.add_norm(self._sq_norms(pre, B[:N], A[:N]))
+            state.add_norm(self._sq_norms(pre, B[:N], A[:N]) + (0.0 if bias_pg is None else bias_pg.pow(2).sum(1)))
 
     def _sketcher(self, name: str, cls: type, d_out: int, d_in: int, seed: int, device: torch.device):
         key = (f"{name}:{cls.__name__}", seed)
         if key not in self._sketchers:
-            layer = [n for n, _ in self.layers].index(name)
+            names = [n for n, _ in self.layers]
+            layer = names.index(name) if name in names else len(names) + names.index(name.rsplit(".", 1)[0])
             self._sketchers = {k: v for k, v in self._sketchers.items() if k[1] == seed}
             self._sketchers[key] = cls(self.sketch_dim, d_out, d_in, seed, layer, device)
         return self._sketchers[key]
@@ -255,6 +279,7 @@ class _PassState:
         self.n, self.p, self.resolve, self.seed = n, p, resolve, seed
         self.roots: list[torch.Tensor] = []
         self.shared: list[str] = []
+        self.seen: set[str] = set()
         self.utilities: dict[str, torch.Tensor] = {}
         self.sketch: torch.Tensor | None = None
         self.sq_norms: torch.Tensor | None = None

@@ -19,7 +19,9 @@ from typing_extensions import override
 
 from selection_callbacks.core.callback import Scores, SelectionCallback
 from selection_callbacks.core.rng import derived_seed, micro_batch_generator
+from selection_callbacks.data.datamodule import default_cache_dir
 from selection_callbacks.data.packing import PackedSplit, pack_source
+from selection_callbacks.data.token_bin import load_token_bin
 from selection_callbacks.scoring.ghost import GhostEngine, GhostScores, Resolver, check_precision
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.windows import score_windows
@@ -77,9 +79,17 @@ class GhostSelection(SelectionCallback):
             module, self.include_embedding, self.include_head, self.sketch_dim, self.sketch  # type: ignore[arg-type]
         )
         if self.proxy_path is not None:
-            dm = getattr(trainer, "datamodule", None)
-            cache = getattr(dm, "cache_dir", None) or "~/.cache/selection_callbacks"
-            self._proxy_split = pack_source(self.proxy_path, self.score_len, str(cache), name="proxy", progress=False)
+            self._proxy_split = self._load_proxy(getattr(trainer, "datamodule", None))
+
+    def _load_proxy(self, dm: object) -> PackedSplit:
+        """The proxy file packed in score_len windows with the training data's own tokenizer."""
+        cache = str(getattr(dm, "cache_dir", None) or default_cache_dir())
+        if getattr(dm, "pretokenized", False):
+            if not str(self.proxy_path).endswith(".bin"):
+                raise ValueError("the training data is pre-tokenized (.bin): the proxy file must be a .bin of the same ids")
+            return load_token_bin(self.proxy_path, self.score_len, cache, dm.eot_id, name="proxy")
+        tokenizer = getattr(dm, "tokenizer", None)
+        return pack_source(self.proxy_path, self.score_len, cache, tokenizer, name="proxy", progress=False)
 
     def _proxy_rows(self, trainer: L.Trainer, batch_idx: int, device: torch.device) -> dict[str, torch.Tensor]:
         rng = np.random.default_rng(derived_seed(self.seed, trainer.current_epoch, batch_idx, "proxy"))
@@ -98,8 +108,8 @@ class GhostSelection(SelectionCallback):
         return {k: v.to(device) for k, v in score_windows(rows, self.score_len, gen).items()}
 
     @abstractmethod
-    def preconditioner(self, trainer: L.Trainer) -> Resolver:
-        """The per-parameter map P of this step."""
+    def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
+        """The per-parameter map P of this step (K: sequences kept per micro-batch)."""
 
     @abstractmethod
     def combine(self, result: GhostScores, k: int, trainer: L.Trainer) -> Scores:
@@ -107,22 +117,26 @@ class GhostSelection(SelectionCallback):
 
     @override
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> Scores:
-        n = batch["input_ids"].shape[0]
+        n, k = batch["input_ids"].shape[0], self.keep(batch["input_ids"].shape[0])
         gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
         cand = score_windows(batch, self.score_len, gen)
         proxy = self._proxy_rows(trainer, batch_idx, cand["input_ids"].device)
-        keys = [k for k in ("input_ids", "labels") if k in cand]
-        if set(keys) != set(k for k in ("input_ids", "labels") if k in proxy):
+        if ("labels" in cand) != ("labels" in proxy):
             raise ValueError("candidate and proxy batches must both carry 'labels' or both not")
         if proxy["input_ids"].shape[1] != cand["input_ids"].shape[1]:
             raise ValueError(
                 f"proxy windows have {proxy['input_ids'].shape[1]} tokens, candidates {cand['input_ids'].shape[1]}; "
                 f"proxy sequences must be at least score_len={self.score_len} long"
             )
-        rows = {k: torch.cat([cand[k], proxy[k]]) for k in keys}
-        assert self.engine is not None, "setup() was not called"
-        self._last = self.engine.score(lambda b: per_sample_loss(pl_module, b), rows, n, self.preconditioner(trainer), self.seed)
-        return self.combine(self._last, self.keep(n), trainer)
+        if "loss_mask" in cand or "loss_mask" in proxy:  # masked tokens stay out of the scores
+            for part in (cand, proxy):
+                part.setdefault("loss_mask", torch.ones_like(part["input_ids"], dtype=torch.float32))
+        rows = {key: torch.cat([cand[key], proxy[key].to(cand[key].dtype)]) for key in cand}
+        if self.engine is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() has not run: add the callback to the Trainer")
+        resolver = self.preconditioner(trainer, k)
+        self._last = self.engine.score(lambda b: per_sample_loss(pl_module, b), rows, n, resolver, self.seed)
+        return self.combine(self._last, k, trainer)
 
     @override
     def extra_metrics(self) -> dict[str, float]:

@@ -14,6 +14,7 @@ from collections.abc import Callable
 from typing import Protocol
 
 import torch
+from torch.optim._muon import _adjust_lr
 
 from models.optim import MuonWithAdamW
 
@@ -45,6 +46,9 @@ class ScalarMap:
         return self.c * b, a
 
 
+TENSOR_FLOOR = 1e-2
+
+
 class DiagonalMap:
     """P g = C·(D ⊙ g): AdamW with the second moment frozen.
 
@@ -53,7 +57,8 @@ class DiagonalMap:
     D = 1/(√(β2 v) + ε√(1−β2^(s+1))). Where v has not formed (before the first step, or
     embedding rows never seen) D would explode; there β2·v is floored at (1−β2)·ḡ², the fresh
     gradient's own share of the next v estimated by the proxy gradient (at step 0 this makes
-    C·D = lr/(|ḡ| + ε), Adam's first, normalised step).
+    C·D = lr/(|ḡ| + ε), Adam's first, normalised step), and, for entries the proxy does not
+    touch either, at ``TENSOR_FLOOR`` times the tensor's mean.
     """
 
     exact_factors = False
@@ -137,6 +142,7 @@ def _adamw_map(opt: torch.optim.Optimizer, group: dict, p: torch.nn.Parameter, g
         v = torch.maximum(state["max_exp_avg_sq"].float() / beta2, v)
     bc2 = 1.0 - beta2 ** (s + 1)
     v_next = torch.maximum(beta2 * v, (1 - beta2) * gbar.float().square())  # floor where v has not formed yet
+    v_next = torch.maximum(v_next, TENSOR_FLOOR * v_next.mean())  # rows neither trained nor in the proxy
     C = lr * (1 - beta1) * math.sqrt(bc2) / (1 - beta1 ** (s + 1))
     return DiagonalMap(C, 1.0 / (v_next.sqrt() + eps * math.sqrt(bc2)))
 
@@ -144,12 +150,11 @@ def _adamw_map(opt: torch.optim.Optimizer, group: dict, p: torch.nn.Parameter, g
 def _muon_map(opt: torch.optim.Optimizer, group: dict, p: torch.nn.Parameter, gbar: torch.Tensor) -> MuonMap:
     mu, nesterov = group["momentum"], group["nesterov"]
     buf = opt.state.get(p, {}).get("momentum_buffer")
-    ref = gbar if buf is None else (mu * mu if nesterov else mu) * buf
-    L, norm, tall = newton_schulz_left_factor(ref, group["ns_coefficients"], group["ns_steps"], group["eps"])
-    from torch.optim._muon import _adjust_lr
-
-    lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], p.shape)
     coef = (1 - mu * mu) if nesterov else (1 - mu)
+    # reference update without the candidate: the momentum's share, or before the first step the proxy's
+    ref = coef * gbar if buf is None else (mu * mu if nesterov else mu) * buf
+    L, norm, tall = newton_schulz_left_factor(ref, group["ns_coefficients"], group["ns_steps"], group["eps"])
+    lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], p.shape)
     return MuonMap(lr * coef / norm, L, tall)
 
 
@@ -193,10 +198,28 @@ class OptimizerPreconditioner:
 
 
 class IdentityPreconditioner:
-    """P = c·I for every parameter (GREATS' SGD geometry with step size c)."""
+    """P = c·I for every parameter: plain gradient geometry with step size c."""
 
     def __init__(self, c: float = 1.0) -> None:
         self.c = c
 
     def __call__(self, param: torch.nn.Parameter, gbar: torch.Tensor) -> Preconditioner:
         return ScalarMap(self.c)
+
+
+class SGDStepPreconditioner:
+    """P = η_p·I with η_p = lr of the parameter's group / ``batch``: GREATS' SGD step on the batch mean.
+
+    Args:
+        optimizer: any optimizer (only its per-group learning rates are read).
+        batch: sequences the update averages over (K × gradient-accumulation steps).
+    """
+
+    def __init__(self, optimizer: torch.optim.Optimizer, batch: int) -> None:
+        self._lr = {id(p): float(g["lr"]) for g in optimizer.param_groups for p in g["params"]}
+        self.batch = batch
+
+    def __call__(self, param: torch.nn.Parameter, gbar: torch.Tensor) -> Preconditioner:
+        if id(param) not in self._lr:
+            raise KeyError("a scored parameter is not in the optimizer")
+        return ScalarMap(self._lr[id(param)] / self.batch)
