@@ -14,6 +14,7 @@ from __future__ import annotations
 import argparse
 import hashlib
 import json
+import os
 import subprocess
 import sys
 import time
@@ -87,6 +88,7 @@ class Plan:
             "optimizer": args.optimizer,
             "data": {k: file_digest(getattr(args, k)) for k in ("pool", "target", "val")},
             "extra": args.extra,
+            "threads": args.threads,
         }
         self.config_hash = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -140,8 +142,13 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
     else:
         print(f"[bench] {method.name} seed {seed}: training {plan.steps} steps", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
+        env = dict(os.environ)
+        if plan.args.threads:
+            env.update(OMP_NUM_THREADS=str(plan.args.threads), MKL_NUM_THREADS=str(plan.args.threads))
         with open(run_dir / "train.log", "w") as log:
-            proc = subprocess.run(plan.train_command(method, seed, subset), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT)
+            proc = subprocess.run(
+                plan.train_command(method, seed, subset), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
+            )
         if proc.returncode != 0 or not finished(metrics_path, plan.steps):
             raise SystemExit(f"[bench] {method.name} seed {seed} failed (exit {proc.returncode}); see {run_dir / 'train.log'}")
     m = json.loads(metrics_path.read_text())
@@ -196,6 +203,7 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
     p.add_argument("--scale", default="cpu-tiny", help="configs/scale/<name>.yaml or a YAML path")
     p.add_argument("--evals", type=int, default=10, help="validation points per run")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per run (part of the config)")
     p.add_argument("--out", required=True)
     p.add_argument("extra", nargs="*", help="extra train.py flags after --, e.g. -- --model.lr 0.002")
     return p

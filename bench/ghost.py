@@ -5,12 +5,13 @@
 For a GPT of ~11M parameters and N = 16, 32, 64 candidates (+ a proxy batch), each variant runs in
 its own subprocess so peak RSS only rises within it:
 - ``engine``: GhostEngine, exact utilities + TensorSketch (live AdamW preconditioner);
-- ``naive``: chunked ``vmap(grad)`` per-sample gradients, the same preconditioner, utilities and
-  a CountSketch of the materialised P G_i;
+- ``naive``: chunked ``vmap(grad)`` per-sample gradients of the scored weights, the same (exact)
+  preconditioner, utilities and the same hash family applied to the materialised P G_i;
 - ``floor``: one plain forward + backward over the same tokens (parameter ``.grad``).
 Memory is the peak RSS increase of the first call over the state right before it (the kernel's
 high-water mark reset through /proc/self/clear_refs; glibc's mmap threshold fixed so freed
-tensors leave RSS); time is the median of the warm repeats that follow.
+tensors leave RSS); time, measured in a second process with the default allocator, is the
+median of the warm repeats after a first call.
 """
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ import statistics
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 
 import torch
@@ -32,7 +34,7 @@ from models.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine, scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
-from selection_callbacks.scoring.sketch import CountSketch
+from selection_callbacks.scoring.sketch import TensorSketch
 
 PROXY = 8
 
@@ -65,62 +67,71 @@ def setup(args: argparse.Namespace):
     return model, opt, {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
 
 
-def run_engine(model, opt, rows, args) -> None:
+def prepare_engine(model, opt, rows, args) -> Callable[[], None]:
     engine = GhostEngine(model, sketch_dim=args.sketch_dim, sketch="tensor")
-    engine.score(row_losses(model), rows, args.n, OptimizerPreconditioner(opt))
+    return lambda: engine.score(row_losses(model), rows, args.n, OptimizerPreconditioner(opt))
 
 
-def run_naive(model, opt, rows, args) -> None:
+def prepare_naive(model, opt, rows, args) -> Callable[[], None]:
+    """Per-sample gradients of the scored weights by chunked vmap(grad), exact P, the same hash family."""
     from torch.func import functional_call, grad, vmap
 
     names = [f"{n}.weight" for n, _ in scored_layers(model)]
-    params = {k: v.detach() for k, v in model.named_parameters()}
-    resolver = OptimizerPreconditioner(opt)
+    params = dict(model.named_parameters())
+    fixed = {k: v.detach() for k, v in params.items() if k not in names}
 
-    def single(p, x, y):
-        logits = functional_call(model, p, (x[None],))
+    def single(scored, x, y):
+        logits = functional_call(model, {**fixed, **scored}, (x[None],))
         return F.cross_entropy(logits[0], y)
 
     per_sample = vmap(grad(single), in_dims=(None, 0, 0))
-    proxy = per_sample(params, rows["input_ids"][args.n :], rows["labels"][args.n :])
-    gbar = {k: proxy[k].mean(0) for k in names}
-    maps = {k: resolver(dict(model.named_parameters())[k], gbar[k]) for k in names}
-    sketchers = {k: CountSketch(args.sketch_dim, *gbar[k].shape, 0, i, torch.device("cpu")) for i, k in enumerate(names)}
-    utilities, sketches = [], []
-    for i in range(0, args.n, args.chunk):
-        G = per_sample(params, rows["input_ids"][i : i + args.chunk], rows["labels"][i : i + args.chunk])
-        u = 0.0
-        s = 0.0
-        for k in names:
-            PG = maps[k].apply(G[k])
-            u = u + (PG * gbar[k]).flatten(1).sum(1)
-            s = s + sketchers[k](PG)
-        utilities.append(u)
-        sketches.append(s)
-        del G
+    hashes = {}
+    for i, k in enumerate(names):  # TensorSketch's hash (h1(o) + h2(i)) mod m, signs s1(o)·s2(i), materialised
+        ts = TensorSketch(args.sketch_dim, *params[k].shape, 0, i, torch.device("cpu"))
+        hashes[k] = (((ts.h1[:, None] + ts.h2[None, :]) % args.sketch_dim).flatten(), (ts.s1[:, None] * ts.s2[None, :]).flatten())
+
+    def run() -> None:
+        scored = {k: params[k].detach() for k in names}
+        proxy = per_sample(scored, rows["input_ids"][args.n :], rows["labels"][args.n :])
+        gbar = {k: proxy[k].mean(0) for k in names}
+        maps = {k: OptimizerPreconditioner(opt)(params[k], gbar[k]) for k in names}
+        for i in range(0, args.n, args.chunk):
+            G = per_sample(scored, rows["input_ids"][i : i + args.chunk], rows["labels"][i : i + args.chunk])
+            u, sketch = 0.0, torch.zeros(G[names[0]].shape[0], args.sketch_dim)
+            for k in names:
+                PG = maps[k].apply(G[k])
+                u = u + (PG * gbar[k]).flatten(1).sum(1)
+                idx, sign = hashes[k]
+                sketch.index_add_(1, idx, PG.flatten(1) * sign)
+            del G
+
+    return run
 
 
-def run_floor(model, opt, rows, args) -> None:
-    model.zero_grad(set_to_none=True)
-    row_losses(model)(rows).sum().backward()
+def prepare_floor(model, opt, rows, args) -> Callable[[], None]:
+    def run() -> None:
+        model.zero_grad(set_to_none=True)
+        row_losses(model)(rows).sum().backward()
+
+    return run
 
 
-VARIANTS = {"engine": run_engine, "naive": run_naive, "floor": run_floor}
+VARIANTS = {"engine": prepare_engine, "naive": prepare_naive, "floor": prepare_floor}
 
 
 def child(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
     model, opt, rows = setup(args)
-    fn = VARIANTS[args.child]
+    fn = VARIANTS[args.child](model, opt, rows, args)  # built outside the measurements (hash tables, engine)
     _reset_peak()
     base = _rss_kb("VmRSS")
-    fn(model, opt, rows, args)  # the first call: its peak is the memory measurement, then warm timings
+    fn()  # the first call: its peak is the memory measurement, then warm timings
     peak = _rss_kb("VmHWM") - base
     model.zero_grad(set_to_none=True)
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        fn(model, opt, rows, args)
+        fn()
         times.append(time.perf_counter() - start)
         model.zero_grad(set_to_none=True)
     return {"seconds": statistics.median(times), "peak_mb": peak / 1024.0,
@@ -151,11 +162,13 @@ def main(argv: list[str] | None = None) -> dict:
             cmd = [sys.executable, "-m", "bench.ghost", "--child", variant, "--n", str(n)]
             for flag in ("layers", "width", "score_len", "sketch_dim", "chunk", "repeats", "threads"):
                 cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-            # a fixed mmap threshold returns freed tensors to the OS, so RSS tracks live memory
+            # memory in a process whose fixed mmap threshold returns freed tensors to the OS (RSS tracks
+            # live memory); time in one with the default allocator, which that setting would slow down
+            root = Path(__file__).resolve().parents[1]
             env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-            out = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=Path(__file__).resolve().parents[1])
-            res = json.loads(out.stdout.strip().splitlines()[-1])
-            row[f"{variant}_seconds"], row[f"{variant}_peak_mb"], row["params"] = res["seconds"], res["peak_mb"], res["params"]
+            mem = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=root).stdout.splitlines()[-1])
+            res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=root).stdout.splitlines()[-1])
+            row[f"{variant}_seconds"], row[f"{variant}_peak_mb"], row["params"] = res["seconds"], mem["peak_mb"], res["params"]
             print(f"[ghost] N={n} {variant}: {res['seconds']:.3f}s, peak +{res['peak_mb']:.0f} MB", flush=True)
         table.append(row)
     last = table[-1]
