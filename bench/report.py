@@ -72,7 +72,8 @@ def summarize(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
     return out
 
 
-def _fmt_rel(values: list[float | None]) -> str:
+def fmt_relative(values: list[float | None]) -> str:
+    """Mean of the seeds that reached the target, with how many did when not all."""
     reached = [v for v in values if v is not None]
     if not reached:
         return "not reached"
@@ -105,7 +106,7 @@ def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]])
         lines.append(
             f"| {name} | {s['seeds']} | {s['bpb_mean']:.4f} ± {_fmt(s['bpb_std'], '.4f')} | "
             f"{s['diff_mean']:+.4f} ± {_fmt(s['diff_std'], '.4f')} | {_fmt(s['p_value'], '.3f')} | "
-            f"{_fmt_rel(s['tokens_to_random'])} | {_fmt_rel(s['wall_to_random'])} | {s['step_time_ratio']:.2f} | "
+            f"{fmt_relative(s['tokens_to_random'])} | {fmt_relative(s['wall_to_random'])} | {s['step_time_ratio']:.2f} | "
             f"{100 * s['overhead_fraction']:.1f}% | {_fmt(s.get('oracle_share', float('nan')), '.0%')} |"
         )
     lines += ["", "Domain share of the kept candidates (whole run, mean over seeds):", ""]

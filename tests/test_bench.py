@@ -120,3 +120,12 @@ def test_crossing_interpolates_and_paired_test() -> None:
     assert crossing(curve, 0.5, 0) is None and crossing(curve, 3.5, 0) == 100
     mean, std, p = paired_test([-0.1, -0.12, -0.09])
     assert mean == pytest.approx(-0.10333, abs=1e-4) and std > 0 and p < 0.01
+
+
+@pytest.mark.parametrize("block", ["cpu-tiny", "cpu-tiny-muon"])
+def test_readme_headline_is_generated_from_the_committed_results(block: str) -> None:
+    from bench.headline import ROOT_README, headline, rewrite
+
+    results = ROOT_README.parent / "bench" / "results" / block / "results.json"
+    assert results.exists(), f"{results} is the committed comparison the README quotes"
+    assert rewrite(ROOT_README, block, headline(results)) == ROOT_README.read_text()
