@@ -1,8 +1,25 @@
 """Online data selection for LLM pre-training, as PyTorch Lightning callbacks."""
 
-from selection_callbacks.core.callback import SelectionCallback
+from selection_callbacks.core.callback import Scores, SelectionCallback
+from selection_callbacks.core.recorder import RunRecorder
 from selection_callbacks.data.datamodule import PoolDataModule
-from selection_callbacks.methods import HighLossSelection, RandomSelection
+from selection_callbacks.methods import (
+    GreatsSelection,
+    HighLossSelection,
+    OPUSSelection,
+    OracleDomainSelection,
+    RandomSelection,
+)
 
-__all__ = ["HighLossSelection", "PoolDataModule", "RandomSelection", "SelectionCallback"]
+__all__ = [
+    "GreatsSelection",
+    "HighLossSelection",
+    "OPUSSelection",
+    "OracleDomainSelection",
+    "PoolDataModule",
+    "RandomSelection",
+    "RunRecorder",
+    "Scores",
+    "SelectionCallback",
+]
 __version__ = "0.1.0"

@@ -164,3 +164,11 @@ def test_nan_scores_rank_lowest_when_asked() -> None:
     with pytest.warns(UserWarning, match="non-finite selection score"):
         _trainer([ConstantScores(scores, ratio=0.5, nonfinite="lowest")], steps=1).fit(model)
     assert model.seen[0]["sample_id"].tolist() == [11, 13]
+
+
+def test_public_api_exports_every_method() -> None:
+    import selection_callbacks
+
+    for name in ("RandomSelection", "HighLossSelection", "OPUSSelection", "GreatsSelection", "OracleDomainSelection",
+                 "PoolDataModule", "RunRecorder", "SelectionCallback", "Scores"):
+        assert hasattr(selection_callbacks, name), name
