@@ -207,11 +207,6 @@ class PoolDataModule(L.LightningDataModule):
         target = self.splits["target"]
         return target.batch(generator.choice(len(target), size=min(n, len(target)), replace=False))
 
-    def target_dataloader(self, batch_size: int, seed: int = 0) -> SuperbatchLoader:
-        """Shuffled target batches of ``batch_size`` (e.g. to train a reference model)."""
-        target = self.splits["target"]
-        return SuperbatchLoader(target, np.arange(len(target)), batch_size, seed=seed)
-
     def state_dict(self) -> dict[str, Any]:
         return {"seed": self.seed, "seq_len": self.seq_len, "superbatch_size": self.superbatch_size}
 

@@ -83,13 +83,6 @@ class PackedSplit:
         last = int(np.searchsorted(self.doc_start, sample_id * T + T, side="right") - 1)
         return [str(d) for d in self.doc_ids[max(first, 0) : last + 1]]
 
-    def samples_of_docs(self, doc_index: np.ndarray) -> np.ndarray:
-        """Sample ids whose windows touch any of the given document indices (sorted, unique)."""
-        T, L = self.seq_len, self.tokens.shape[0]
-        ends = np.append(self.doc_start[1:], L)
-        out = [np.arange(self.doc_start[d] // T, min((ends[d] - 1) // T, len(self) - 1) + 1) for d in doc_index]
-        return np.unique(np.concatenate(out)) if out else np.zeros(0, dtype=np.int64)
-
 
 def pack_source(
     path: str | Path,

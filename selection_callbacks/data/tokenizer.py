@@ -24,12 +24,6 @@ class ByteTokenizer:
         out[1:] = body
         return out
 
-    def decode(self, ids: np.ndarray | torch.Tensor) -> str:
-        """Inverse of :meth:`encode_document`; boundary tokens become newlines."""
-        arr = np.asarray(ids.tolist() if isinstance(ids, torch.Tensor) else ids, dtype=np.int64)
-        pieces = bytes(int(i) if i < 256 else 10 for i in arr)
-        return pieces.decode("utf-8", errors="replace")
-
     def token_bytes(self, vocab_size: int | None = None) -> torch.Tensor:
         """Float tensor [vocab_size]: UTF-8 bytes each id stands for (0 for specials and padding)."""
         n = max(vocab_size or self.vocab_size, self.vocab_size)
