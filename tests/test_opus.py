@@ -67,8 +67,8 @@ def _scores_and_interactions(corpus, duplicates: int):
     captured = {}
 
     class Capture(OPUSSelection):
-        def combine(self, result, k, trainer):
-            out = super().combine(result, k, trainer)
+        def calibrate(self, scores, k):
+            out = super().calibrate(scores, k)
             captured.setdefault("scores", out)
             return out
 

@@ -14,23 +14,66 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from selection_callbacks.core.contract import SuperbatchError, subset_in_place, superbatch_size
+from selection_callbacks.core.contract import SuperbatchError, per_sample_keys, subset_in_place, superbatch_size
 from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.core.sampling import effective_sample_size, make_rule
 
 
 @dataclass
 class Scores:
-    """What ``score`` may return instead of a plain [N] tensor: scores plus pairwise interactions.
+    """What ``score`` may return instead of a plain [N] tensor: scores plus what joint selection needs.
 
     Attributes:
         values: [N] scores (higher is more wanted).
         interactions: [N, N] penalty I_ij subtracted from j's score once i is chosen (rules
-            that draw sequentially use it; the others ignore it).
+            that draw sequentially use it; the others ignore it). Single-process only: under
+            DDP a method returns ``features`` and builds the global interactions in ``calibrate``.
+        features: [N, m] per-candidate vectors (e.g. gradient sketches) that are all-gathered
+            with the scores and turned into interactions by the method's ``calibrate``.
     """
 
     values: torch.Tensor
     interactions: torch.Tensor | None = None
+    features: torch.Tensor | None = None
+
+
+@dataclass
+class SelectionRecord:
+    """One micro-batch's selection over the global superbatch of G = W·N candidates.
+
+    Rank r's own candidates are rows [r·N, (r+1)·N); every rank holds the same record.
+
+    Attributes:
+        step: ``trainer.global_step`` when the micro-batch was selected.
+        micro_batch: the batch index within the epoch.
+        epoch: the epoch.
+        world_size: W.
+        rank_of: [G] the rank that drew each candidate.
+        scores: [G] float CPU scores the rule saw (after ``calibrate``).
+        selected: [W·K] indices into G in the rule's order; rank r trains on slice r.
+        sample_id: [G] CPU candidate ids, if the batch carries them.
+        domain: [G] CPU domain codes, if the batch carries them.
+        batch: the global candidate rows (every per-sample tensor, on the training device),
+            for methods that train proxies on the same data on every rank.
+    """
+
+    step: int
+    micro_batch: int
+    epoch: int
+    world_size: int
+    rank_of: torch.Tensor
+    scores: torch.Tensor
+    selected: torch.Tensor
+    sample_id: torch.Tensor | None
+    domain: torch.Tensor | None
+    batch: dict[str, torch.Tensor]
+
+    @property
+    def selected_mask(self) -> torch.Tensor:
+        """[G] bool: chosen by any rank."""
+        mask = torch.zeros(self.scores.shape[0], dtype=torch.bool)
+        mask[self.selected] = True
+        return mask
 
 
 class SelectionCallback(L.Callback, ABC):
@@ -86,6 +129,7 @@ class SelectionCallback(L.Callback, ABC):
         self.domain_counts: dict[str, int] = {}
         self.last_selected: torch.Tensor | None = None
         self.last_scores: torch.Tensor | None = None
+        self.last_record: SelectionRecord | None = None
 
     # ---- what a method implements ----
     @abstractmethod
@@ -93,6 +137,18 @@ class SelectionCallback(L.Callback, ABC):
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int
     ) -> torch.Tensor | Scores:
         """Scores [N] of the candidates (runs under ``no_grad`` and the trainer's precision); higher is more wanted."""
+
+    def calibrate(self, scores: Scores, k: int) -> Scores:
+        """Global scores [G] (and interactions [G, G]) from the gathered raw ones; K here is W·K.
+
+        Runs on every rank over the same gathered values, so calibrations that depend on the
+        whole superbatch (standardising, interactions from ``features``) are identical to a
+        single process with superbatch W·N. Default: unchanged.
+        """
+        return scores
+
+    def after_selection(self, trainer: L.Trainer, pl_module: L.LightningModule, record: SelectionRecord) -> None:
+        """Called on every rank after each selection (e.g. to train proxies on ``record.batch``)."""
 
     def extra_metrics(self) -> dict[str, float]:
         """Method-specific scalars logged with the ``select/*`` metrics of each micro-batch."""
@@ -132,35 +188,60 @@ class SelectionCallback(L.Callback, ABC):
         start = time.perf_counter()
         n = superbatch_size(batch)
         k = self.keep(n)
+        world, rank = trainer.world_size, trainer.global_rank
         with torch.no_grad(), trainer.precision_plugin.train_step_context():
             raw = self.score(trainer, pl_module, batch, batch_idx)
-        raw, interactions = (raw.values, raw.interactions) if isinstance(raw, Scores) else (raw, None)
-        scores, nonfinite = self._checked_scores(raw, n, batch)
+        raw = raw if isinstance(raw, Scores) else Scores(raw)
+        self._check_shapes(raw, n, world)
+        rows = {key: batch[key] for key in per_sample_keys(batch, n)}
+        if world > 1:  # every rank gathers the W·N candidates and runs the same global selection
+            raw = Scores(_gather(trainer, raw.values), None, _gather(trainer, raw.features))
+            rows = {key: _gather(trainer, value) for key, value in rows.items()}
+        scores = self.calibrate(raw, world * k)
+        values, nonfinite = self._checked_scores(scores.values, world * n, rows)
+        interactions = scores.interactions
         if interactions is not None:
             interactions = interactions.detach().float().cpu()
-            if interactions.shape != (n, n) or not torch.isfinite(interactions).all():
-                raise FloatingPointError(f"{type(self).__name__}: interactions must be finite [N, N] = [{n}, {n}]")
+            if interactions.shape != (world * n, world * n) or not torch.isfinite(interactions).all():
+                raise FloatingPointError(f"{type(self).__name__}: interactions must be finite [G, G] = [{world * n}, {world * n}]")
         generator = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx)
         state = generator.get_state()
-        index = self.rule.select(scores, k, generator, interactions)
+        index = self.rule.select(values, world * k, generator, interactions)
         extra = {}
         if interactions is not None:  # the same draws without the penalty: what the penalty changed
-            plain = self.rule.select(scores, k, torch.Generator().set_state(state), None)
-            extra["select/redundancy_changed"] = 1.0 - len(set(index.tolist()) & set(plain.tolist())) / k
-        inclusion = self.rule.inclusion(scores, k, generator, interactions)
-        domain_share = self._domain_share(trainer, batch, index)
-        subset_in_place(batch, index)
-        self.last_selected, self.last_scores = index, scores
+            plain = self.rule.select(values, world * k, torch.Generator().set_state(state), None)
+            extra["select/redundancy_changed"] = 1.0 - len(set(index.tolist()) & set(plain.tolist())) / (world * k)
+        inclusion = self.rule.inclusion(values, world * k, generator, interactions)
+        domain_share = self._domain_share(trainer, rows, index)
+        own = index[rank * k : (rank + 1) * k]
+        if world == 1:
+            subset_in_place(batch, own)
+        else:  # this rank's K-slice of the gathered rows, replaced inside the dict
+            batch.update({key: value[own.to(value.device)] for key, value in rows.items()})
+        self.last_selected, self.last_scores = own, values
+        self.last_record = SelectionRecord(
+            step=trainer.global_step,
+            micro_batch=batch_idx,
+            epoch=trainer.current_epoch,
+            world_size=world,
+            rank_of=torch.arange(world).repeat_interleave(n),
+            scores=values,
+            selected=index,
+            sample_id=rows["sample_id"].cpu() if isinstance(rows.get("sample_id"), torch.Tensor) else None,
+            domain=rows["domain"].cpu() if isinstance(rows.get("domain"), torch.Tensor) else None,
+            batch={key: v for key, v in rows.items() if isinstance(v, torch.Tensor)},
+        )
+        self.after_selection(trainer, pl_module, self.last_record)
         overhead = time.perf_counter() - start
         self.selections += 1
-        self.candidates_seen += n
-        self.kept += k
+        self.candidates_seen += world * n
+        self.kept += world * k
         self.overhead_seconds += overhead
         metrics = {
             "select/overhead_ms": 1000.0 * overhead,
             "select/kept_fraction": k / n,
-            "select/score_mean": float(scores.mean()),
-            "select/score_std": float(scores.std()) if n > 1 else 0.0,
+            "select/score_mean": float(values.mean()),
+            "select/score_std": float(values.std()) if values.numel() > 1 else 0.0,
             "select/ess": effective_sample_size(inclusion),
             **{f"select/domain/{name}": share for name, share in domain_share.items()},
             **extra,
@@ -169,6 +250,17 @@ class SelectionCallback(L.Callback, ABC):
         if nonfinite:
             metrics["select/nonfinite"] = float(nonfinite)
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=k)
+
+    def _check_shapes(self, raw: Scores, n: int, world: int) -> None:
+        if not isinstance(raw.values, torch.Tensor) or raw.values.shape != (n,):
+            raise ValueError(f"{type(self).__name__}.score returned {getattr(raw.values, 'shape', type(raw.values))}, expected [{n}]")
+        if raw.features is not None and (raw.features.ndim != 2 or raw.features.shape[0] != n):
+            raise ValueError(f"{type(self).__name__}.score features have shape {tuple(raw.features.shape)}, expected [{n}, m]")
+        if raw.interactions is not None and world > 1:
+            raise ValueError(
+                f"{type(self).__name__} returned per-rank interactions, which cannot join a global selection under "
+                "DDP: return Scores(values, features=...) and build the interactions in calibrate()"
+            )
 
     def _domain_share(self, trainer: L.Trainer, batch: MutableMapping, index: torch.Tensor) -> dict[str, float]:
         domain = batch.get("domain")
@@ -207,3 +299,16 @@ class SelectionCallback(L.Callback, ABC):
         for c in self._COUNTERS:
             setattr(self, c, type(getattr(self, c))(state_dict[c]))
         self.domain_counts = dict(state_dict["domain_counts"])
+
+
+def _gather(trainer: L.Trainer, value: Any) -> Any:
+    """[W·N, ...] concatenation of every rank's [N, ...] tensor (rank order); None stays None."""
+    if value is None:
+        return None
+    if not isinstance(value, torch.Tensor):
+        raise SuperbatchError(
+            f"DDP selection all-gathers the superbatch, but a per-sample entry is a {type(value).__name__}; "
+            "carry per-sample data as tensors"
+        )
+    gathered = trainer.strategy.all_gather(value.contiguous())
+    return gathered.reshape(-1, *value.shape[1:])

@@ -6,7 +6,7 @@ import lightning as L
 from typing_extensions import override
 
 from selection_callbacks.core.callback import Scores
-from selection_callbacks.scoring.ghost import GhostScores, Resolver
+from selection_callbacks.scoring.ghost import Resolver
 from selection_callbacks.scoring.ghost_callback import GhostSelection
 from selection_callbacks.scoring.preconditioners import SGDStepPreconditioner
 
@@ -58,9 +58,9 @@ class GreatsSelection(GhostSelection):
         return SGDStepPreconditioner(trainer.optimizers[0], k * trainer.accumulate_grad_batches)
 
     @override
-    def combine(self, result: GhostScores, k: int, trainer: L.Trainer) -> Scores:
+    def calibrate(self, scores: Scores, k: int) -> Scores:
         # with P = η·I the engine's utilities are η⟨g_i, ḡ⟩ and its sketches those of η g_i
-        if result.sketches is None:
-            return Scores(result.utilities.float())
-        S = result.sketches.float()
-        return Scores(result.utilities.float(), S @ S.T)
+        if scores.features is None:
+            return scores
+        S = scores.features.float()
+        return Scores(scores.values.float(), S @ S.T)

@@ -9,7 +9,7 @@ import torch
 from typing_extensions import override
 
 from selection_callbacks.core.callback import Scores
-from selection_callbacks.scoring.ghost import GhostScores, Resolver
+from selection_callbacks.scoring.ghost import Resolver
 from selection_callbacks.scoring.ghost_callback import GhostSelection
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
 
@@ -52,13 +52,13 @@ class OPUSSelection(GhostSelection):
         return OptimizerPreconditioner(trainer.optimizers[0])
 
     @override
-    def combine(self, result: GhostScores, k: int, trainer: L.Trainer) -> Scores:
-        u = result.utilities.float()
+    def calibrate(self, scores: Scores, k: int) -> Scores:
+        u = scores.values.float()
         scale = u.std() if u.numel() > 1 else torch.tensor(0.0)
         values = (u - u.mean()) / scale if scale > 0 else torch.zeros_like(u)
-        if self.redundancy_weight == 0 or result.sketches is None:
+        if self.redundancy_weight == 0 or scores.features is None:
             return Scores(values)
-        S = result.sketches.float()
+        S = scores.features.float()
         gram = S @ S.T
         norm = gram.diagonal().mean().clamp_min(torch.finfo(torch.float32).tiny)
         return Scores(values, self.redundancy_weight * gram / (k * norm))

@@ -3,7 +3,8 @@
 Per micro-batch: cut a seeded ``score_len`` window from each candidate, draw a fresh proxy batch
 (windows of the target split, or of a user proxy file), run one ghost forward/backward over
 [candidate windows ++ proxy windows] on the unwrapped module, and hand the utilities and
-sketches to the method's :meth:`combine`.
+sketches (as ``features``) to the method's :meth:`calibrate`, which runs on the gathered
+global superbatch under DDP.
 """
 
 from __future__ import annotations
@@ -111,15 +112,11 @@ class GhostSelection(SelectionCallback):
     def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
         """The per-parameter map P of this step (K: sequences kept per micro-batch)."""
 
-    @abstractmethod
-    def combine(self, result: GhostScores, k: int, trainer: L.Trainer) -> Scores:
-        """Scores and interactions from the ghost utilities and sketches."""
-
     @override
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> Scores:
         n, k = batch["input_ids"].shape[0], self.keep(batch["input_ids"].shape[0])
         gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
-        cand = score_windows(batch, self.score_len, gen)
+        cand = score_windows(batch, self.score_len, gen, trainer.global_rank, trainer.world_size)
         proxy = self._proxy_rows(trainer, batch_idx, cand["input_ids"].device)
         if ("labels" in cand) != ("labels" in proxy):
             raise ValueError("candidate and proxy batches must both carry 'labels' or both not")
@@ -136,7 +133,8 @@ class GhostSelection(SelectionCallback):
             raise RuntimeError(f"{type(self).__name__}.setup() has not run: add the callback to the Trainer")
         resolver = self.preconditioner(trainer, k)
         self._last = self.engine.score(lambda b: per_sample_loss(pl_module, b), rows, n, resolver, self.seed)
-        return self.combine(self._last, k, trainer)
+        sketches = self._last.sketches
+        return Scores(self._last.utilities.float(), features=None if sketches is None else sketches.float())
 
     @override
     def extra_metrics(self) -> dict[str, float]:
