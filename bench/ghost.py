@@ -8,15 +8,18 @@ its own subprocess so peak RSS only rises within it:
 - ``naive``: chunked ``vmap(grad)`` per-sample gradients of the scored weights, the same (exact)
   preconditioner, utilities and the same hash family applied to the materialised P G_i;
 - ``floor``: one plain forward + backward over the same tokens (parameter ``.grad``).
-Memory is the peak RSS increase of the first call over the state right before it (the kernel's
-high-water mark reset through /proc/self/clear_refs; glibc's mmap threshold fixed so freed
-tensors leave RSS); time, measured in a second process with the default allocator, is the
-median of the warm repeats after a first call.
+On CPU, memory is the peak RSS increase of the first call over the state right before it (the
+kernel's high-water mark reset through /proc/self/clear_refs; glibc's mmap threshold fixed so
+freed tensors leave RSS); time, measured in a second process with the default allocator, is the
+median of the warm repeats after a first call. With ``--device cuda`` memory is the peak of
+``torch.cuda.max_memory_allocated`` over the allocation before the first call, and time is
+synchronised wall-clock; the model runs under bf16 autocast there (``--dtype fp32`` to turn off).
 """
 
 from __future__ import annotations
 
 import argparse
+import contextlib
 import json
 import os
 import statistics
@@ -55,15 +58,15 @@ def _reset_peak() -> None:
 def setup(args: argparse.Namespace):
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=320, block_size=args.score_len, n_layer=args.layers, n_head=args.width // 64, n_embd=args.width)
-    model = GPT(cfg)
+    model = GPT(cfg).to(args.device)
     opt = build_optimizer(model, "adamw", 3e-3, 0.1, (0.9, 0.95), 0.02, 0.95, 0.0)
     for _ in range(2):  # real optimizer state from small batches (keeps the setup's memory peak low)
-        ids = torch.randint(0, 256, (2, args.score_len + 1))
+        ids = torch.randint(0, 256, (2, args.score_len + 1), device=args.device)
         opt.zero_grad()
         row_losses(model)({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}).mean().backward()
         opt.step()
     opt.zero_grad(set_to_none=True)
-    ids = torch.randint(0, 256, (args.n + PROXY, args.score_len + 1), generator=torch.Generator().manual_seed(1))
+    ids = torch.randint(0, 256, (args.n + PROXY, args.score_len + 1), generator=torch.Generator().manual_seed(1)).to(args.device)
     return model, opt, {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
 
 
@@ -87,7 +90,7 @@ def prepare_naive(model, opt, rows, args) -> Callable[[], None]:
     per_sample = vmap(grad(single), in_dims=(None, 0, 0))
     hashes = {}
     for i, k in enumerate(names):  # TensorSketch's hash (h1(o) + h2(i)) mod m, signs s1(o)·s2(i), materialised
-        ts = TensorSketch(args.sketch_dim, *params[k].shape, 0, i, torch.device("cpu"))
+        ts = TensorSketch(args.sketch_dim, *params[k].shape, 0, i, torch.device(args.device))
         hashes[k] = (((ts.h1[:, None] + ts.h2[None, :]) % args.sketch_dim).flatten(), (ts.s1[:, None] * ts.s2[None, :]).flatten())
 
     def run() -> None:
@@ -97,7 +100,7 @@ def prepare_naive(model, opt, rows, args) -> Callable[[], None]:
         maps = {k: OptimizerPreconditioner(opt)(params[k], gbar[k]) for k in names}
         for i in range(0, args.n, args.chunk):
             G = per_sample(scored, rows["input_ids"][i : i + args.chunk], rows["labels"][i : i + args.chunk])
-            u, sketch = 0.0, torch.zeros(G[names[0]].shape[0], args.sketch_dim)
+            u, sketch = 0.0, torch.zeros(G[names[0]].shape[0], args.sketch_dim, device=args.device)
             for k in names:
                 PG = maps[k].apply(G[k])
                 u = u + (PG * gbar[k]).flatten(1).sum(1)
@@ -119,19 +122,37 @@ def prepare_floor(model, opt, rows, args) -> Callable[[], None]:
 VARIANTS = {"engine": prepare_engine, "naive": prepare_naive, "floor": prepare_floor}
 
 
+def _autocast(args: argparse.Namespace):
+    on = args.device == "cuda" and args.dtype == "bf16"
+    return torch.autocast("cuda", dtype=torch.bfloat16, enabled=on) if args.device == "cuda" else contextlib.nullcontext()
+
+
 def child(args: argparse.Namespace) -> dict:
     torch.set_num_threads(args.threads)
+    cuda = args.device == "cuda"
     model, opt, rows = setup(args)
     fn = VARIANTS[args.child](model, opt, rows, args)  # built outside the measurements (hash tables, engine)
-    _reset_peak()
-    base = _rss_kb("VmRSS")
-    fn()  # the first call: its peak is the memory measurement, then warm timings
-    peak = _rss_kb("VmHWM") - base
+
+    def call() -> None:
+        with _autocast(args):
+            fn()
+        if cuda:
+            torch.cuda.synchronize()
+
+    if cuda:
+        torch.cuda.synchronize()
+        base = torch.cuda.memory_allocated()
+        torch.cuda.reset_peak_memory_stats()
+    else:
+        _reset_peak()
+        base = _rss_kb("VmRSS")
+    call()  # the first call: its peak is the memory measurement, then warm timings
+    peak = (torch.cuda.max_memory_allocated() - base) / 1024.0 if cuda else _rss_kb("VmHWM") - base
     model.zero_grad(set_to_none=True)
     times = []
     for _ in range(args.repeats):
         start = time.perf_counter()
-        fn()
+        call()
         times.append(time.perf_counter() - start)
         model.zero_grad(set_to_none=True)
     return {"seconds": statistics.median(times), "peak_mb": peak / 1024.0,
@@ -149,6 +170,8 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--chunk", type=int, default=8, help="naive per-sample gradient chunk")
     p.add_argument("--repeats", type=int, default=3)
     p.add_argument("--threads", type=int, default=2)
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="autocast dtype on cuda")
     p.add_argument("--child", choices=list(VARIANTS))
     p.add_argument("--n", type=int, default=64)
     args = p.parse_args(argv)
@@ -160,21 +183,24 @@ def main(argv: list[str] | None = None) -> dict:
         row = {"n": n}
         for variant in VARIANTS:
             cmd = [sys.executable, "-m", "bench.ghost", "--child", variant, "--n", str(n)]
-            for flag in ("layers", "width", "score_len", "sketch_dim", "chunk", "repeats", "threads"):
+            for flag in ("layers", "width", "score_len", "sketch_dim", "chunk", "repeats", "threads", "device", "dtype"):
                 cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
             # memory in a process whose fixed mmap threshold returns freed tensors to the OS (RSS tracks
             # live memory); time in one with the default allocator, which that setting would slow down
             root = Path(__file__).resolve().parents[1]
             env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-            mem = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=root).stdout.splitlines()[-1])
             res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=root).stdout.splitlines()[-1])
+            mem = res if args.device == "cuda" else json.loads(
+                subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=root).stdout.splitlines()[-1]
+            )
             row[f"{variant}_seconds"], row[f"{variant}_peak_mb"], row["params"] = res["seconds"], mem["peak_mb"], res["params"]
             print(f"[ghost] N={n} {variant}: {res['seconds']:.3f}s, peak +{res['peak_mb']:.0f} MB", flush=True)
         table.append(row)
     last = table[-1]
     result = {
         "config": {k: getattr(args, k) for k in ("layers", "width", "score_len", "sketch_dim", "chunk", "repeats", "threads")}
-        | {"proxy_rows": PROXY, "params": last["params"], "device": "cpu"},
+        | {"proxy_rows": PROXY, "params": last["params"], "device": args.device,
+           "dtype": args.dtype if args.device == "cuda" else "fp32"},
         "n": last["n"],
         "speedup_vs_naive": last["naive_seconds"] / last["engine_seconds"],
         "ratio_to_floor": last["engine_seconds"] / last["floor_seconds"],
