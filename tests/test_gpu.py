@@ -36,6 +36,7 @@ def test_engine_under_bf16_autocast_tracks_fp32(opt_name: str) -> None:
         opt.zero_grad()
         row_losses(model)({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}).mean().backward()
         opt.step()
+    opt.zero_grad(set_to_none=True)
     text = torch.randint(0, 256, (72, 65), generator=torch.Generator().manual_seed(1)).cuda()
     text[:32, 1::2] = text[:32, 0:1]  # half the candidates partly repetitive: a real spread of utilities
     rows = {"input_ids": text[:, :-1], "labels": text[:, 1:]}
@@ -55,7 +56,8 @@ def test_train_py_opus_bf16_on_gpu(tmp_path: Path, tiny_corpus: dict[str, str]) 
            "--data.batch_size", "8", "--data.num_workers", "0", "--data.val_samples", "32", "--trainer.max_steps", "6",
            "--trainer.val_check_interval", "6", "--trainer.logger", "false", "--trainer.enable_checkpointing", "false",
            "--trainer.default_root_dir", str(tmp_path), "--data.progress", "false", "--model.warmup_steps", "2"]
-    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": str(ROOT)})
+    proc = subprocess.run(cmd, cwd=ROOT, capture_output=True, text=True, env={**os.environ, "PYTHONPATH": os.pathsep.join(
+        [str(ROOT)] + [p for p in os.environ.get("PYTHONPATH", "").split(os.pathsep) if p])})
     assert proc.returncode == 0, proc.stdout[-3000:] + proc.stderr[-3000:]
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["global_step"] == 6 and metrics["val_bpb"] is not None
