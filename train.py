@@ -6,6 +6,16 @@
 The selection callback is ``--selection`` (a ``SelectionCallback`` subclass; its ratio follows
 ``--data.ratio``); ``--recorder`` writes ``metrics.json`` (validation curve against update
 tokens and wall-clock) to the run folder. After ``fit`` a final validation prints ``val_bpb``.
+
+The run folder is ``--recorder.out_dir`` (default ``--trainer.default_root_dir``). ``--ledger``
+records every candidate's score and fate under ``<run folder>/ledger/`` (on by default,
+``--ledger.enabled false`` turns it off; ``python -m selection_callbacks.ledger`` exports and
+summarises it). ``--dashboard`` logs throughput scalars to every logger and, with W&B, score
+histograms and domain tables (``--dashboard.histogram_every``).
+
+Loggers: the scale configs set none, so Lightning's default applies (TensorBoard when installed,
+else CSV, under the run folder). ``--config configs/logger/wandb.yaml`` logs to W&B offline
+(``runs/wandb/offline-run-*``; upload later with ``wandb sync``).
 """
 
 from __future__ import annotations
@@ -14,16 +24,21 @@ from lightning.pytorch.cli import LightningCLI
 
 from models.lit_gpt import LitGPT
 from selection_callbacks.core.callback import SelectionCallback
+from selection_callbacks.core.dashboard import SelectionDashboard
+from selection_callbacks.core.ledger import SelectionLedger
 from selection_callbacks.core.recorder import RunRecorder
 from selection_callbacks.data.datamodule import PoolDataModule
 
 
 class SelectionCLI(LightningCLI):
-    """LightningCLI with a selection callback and a run recorder as first-class arguments."""
+    """LightningCLI with a selection callback, run recorder, ledger and dashboard as first-class arguments."""
 
     def add_arguments_to_parser(self, parser) -> None:
         parser.add_lightning_class_args(SelectionCallback, "selection", subclass_mode=True, required=False)
         parser.add_lightning_class_args(RunRecorder, "recorder")
+        parser.add_lightning_class_args(SelectionLedger, "ledger")
+        parser.add_lightning_class_args(SelectionDashboard, "dashboard")
+        parser.link_arguments("recorder.out_dir", "ledger.run_dir")
         parser.link_arguments("data.ratio", "selection.init_args.ratio")
         parser.link_arguments("data.seed", "selection.init_args.seed")
         parser.link_arguments("data.seq_len", "model.config.block_size")

@@ -218,7 +218,7 @@ class SelectionCallback(L.Callback, ABC):
             subset_in_place(batch, own)
         else:  # this rank's K-slice of the gathered rows, replaced inside the dict
             batch.update({key: value[own.to(value.device)] for key, value in rows.items()})
-        self.last_selected, self.last_scores = own, values
+        self.last_selected, self.last_scores = own, values  # positions in the global superbatch (= local when W = 1)
         self.last_record = SelectionRecord(
             step=trainer.global_step,
             micro_batch=batch_idx,
@@ -310,5 +310,5 @@ def _gather(trainer: L.Trainer, value: Any) -> Any:
             f"DDP selection all-gathers the superbatch, but a per-sample entry is a {type(value).__name__}; "
             "carry per-sample data as tensors"
         )
-    gathered = trainer.strategy.all_gather(value.contiguous())
+    gathered = trainer.strategy.all_gather(value.to(trainer.strategy.root_device).contiguous())  # NCCL needs device tensors
     return gathered.reshape(-1, *value.shape[1:])
