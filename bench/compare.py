@@ -7,11 +7,16 @@ Paired design: seed s gives every method the same initialisation (``seed_everyth
 same stream of candidate superbatches (``data.seed``). Each (method, seed) run is a ``train.py``
 subprocess; its ``metrics.json`` holds val bpb at fixed update-token intervals with training
 wall-clock. Finished runs are skipped on re-run. Writes ``results.json``, ``report.md`` and plots.
+
+A method name may carry selection-argument overrides for sweeps, ``name@arg=value[@arg=value]``:
+``opus@temperature=0.5`` runs ``opus`` with ``--selection.init_args.temperature 0.5`` (and is
+reported under that name).
 """
 
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import hashlib
 import json
 import os
@@ -25,6 +30,31 @@ import yaml
 
 from bench.methods import ROOT, Method, resolve
 from bench.report import write_report
+
+
+def split_variant(name: str) -> tuple[str, list[tuple[str, str]]]:
+    """``"opus@temperature=0.5"`` → ``("opus", [("temperature", "0.5")])``."""
+    base, *parts = name.split("@")
+    overrides = []
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or not key or not value:
+            raise SystemExit(f"method variant {name!r}: expected name@arg=value[@arg=value]")
+        overrides.append((key, value))
+    return base, overrides
+
+
+def resolve_variants(names: list[str]) -> tuple[list[Method], dict[str, list[tuple[str, str]]]]:
+    """Registry methods (variants renamed) and each variant's selection overrides."""
+    bases = resolve([split_variant(n)[0] for n in names])
+    methods, overrides = [], {}
+    for name, base in zip(names, bases):
+        _, extra = split_variant(name)
+        if extra and base.offline:
+            raise SystemExit(f"{name!r}: overrides apply to online methods only")
+        methods.append(dataclasses.replace(base, name=name))
+        overrides[name] = extra
+    return methods, overrides
 
 
 def parse_seeds(text: str) -> list[int]:
@@ -79,6 +109,7 @@ class Plan:
         self.steps = max(1, args.tokens // self.tokens_per_step)
         self.eval_every = max(1, self.steps // args.evals)
         self.args = args
+        self.overrides: dict[str, list[tuple[str, str]]] = {}
         self.config = {
             "scale": self.scale_path.read_text(),
             "ratio": args.ratio,
@@ -106,6 +137,8 @@ class Plan:
         cmd += ["--trainer.default_root_dir", str(self.run_dir(method, seed)), "--trainer.enable_progress_bar", "false"]
         if subset:
             cmd += ["--data.subset", str(subset)]
+        for key, value in self.overrides.get(method.name, []):
+            cmd += [f"--selection.init_args.{key}", value]
         return cmd + list(a.extra)
 
 
@@ -169,9 +202,10 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
 
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:
-    methods = resolve([s.strip() for s in args.methods.split(",") if s.strip()])
+    methods, overrides = resolve_variants([s.strip() for s in args.methods.split(",") if s.strip()])
     seeds = parse_seeds(args.seeds)
     plan = Plan(args)
+    plan.overrides = overrides
     print(f"[bench] config {plan.config_hash}: {plan.steps} steps × {plan.tokens_per_step} update tokens, "
           f"eval every {plan.eval_every} steps, seeds {seeds}", flush=True)
     results: dict[str, Any] = {"commit": git_commit(), "config_hash": plan.config_hash, "config": plan.config, "methods": {}}

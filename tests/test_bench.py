@@ -129,3 +129,18 @@ def test_readme_headline_is_generated_from_the_committed_results(block: str) -> 
     results = ROOT_README.parent / "bench" / "results" / block / "results.json"
     assert results.exists(), f"{results} is the committed comparison the README quotes"
     assert rewrite(ROOT_README, block, headline(results)) == ROOT_README.read_text()
+
+
+def test_method_variants_pass_selection_overrides(tiny_corpus, tmp_path) -> None:
+    methods, overrides = bench_compare.resolve_variants(["random", "high_loss@temperature=0.3@sampling=gumbel"])
+    assert [m.name for m in methods] == ["random", "high_loss@temperature=0.3@sampling=gumbel"]
+    assert methods[1].config == REGISTRY["high_loss"].config
+    args = bench_compare.build_parser().parse_args(_args(tiny_corpus, tmp_path, Path("cpu-tiny"), "random"))
+    plan = bench_compare.Plan(args)
+    plan.overrides = overrides
+    cmd = plan.train_command(methods[1], 0, None)
+    assert cmd[cmd.index("--selection.init_args.temperature") + 1] == "0.3"
+    assert cmd[cmd.index("--selection.init_args.sampling") + 1] == "gumbel"
+    assert "--selection.init_args.temperature" not in plan.train_command(methods[0], 0, None)
+    with pytest.raises(SystemExit, match="expected name@arg=value"):
+        bench_compare.resolve_variants(["random", "opus@temperature"])
