@@ -47,7 +47,7 @@ class GhostScores:
     losses: torch.Tensor
     sketches: torch.Tensor | None = None
     sq_norms: torch.Tensor | None = None
-    factor_error: dict[str, float] = field(default_factory=dict)
+    factor_error: dict[str, torch.Tensor] = field(default_factory=dict)
     shared: list[str] = field(default_factory=list)
 
 
@@ -283,7 +283,7 @@ class _PassState:
         self.utilities: dict[str, torch.Tensor] = {}
         self.sketch: torch.Tensor | None = None
         self.sq_norms: torch.Tensor | None = None
-        self.factor_error: dict[str, float] = {}
+        self.factor_error: dict[str, torch.Tensor] = {}
 
     def add_sketch(self, s: torch.Tensor) -> None:
         self.sketch = s if self.sketch is None else self.sketch + s

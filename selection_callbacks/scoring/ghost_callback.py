@@ -143,5 +143,5 @@ class GhostSelection(SelectionCallback):
         out = {"select/utility_raw_std": float(self._last.utilities.std()) if self._last.utilities.numel() > 1 else 0.0,
                "select/proxy_loss": float(self._last.losses[self._last.utilities.shape[0]:].mean())}
         if self._last.factor_error:
-            out["select/factor_error"] = float(np.mean(list(self._last.factor_error.values())))
+            out["select/factor_error"] = float(torch.stack(list(self._last.factor_error.values())).mean())
         return out
