@@ -43,6 +43,10 @@ class SelectionCLI(LightningCLI):
         parser.link_arguments("data.seed", "selection.init_args.seed")
         parser.link_arguments("data.seq_len", "model.config.block_size")
 
+    def _instantiate_trainer(self, config, callbacks):
+        # an absent --selection is None among the extra callbacks: leave it out
+        return super()._instantiate_trainer(config, [c for c in callbacks if c is not None])
+
     def before_fit(self) -> None:
         has_selector = any(isinstance(c, SelectionCallback) for c in self.trainer.callbacks)
         if not has_selector and self.datamodule.ratio < 1.0:

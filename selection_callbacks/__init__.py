@@ -4,20 +4,24 @@ from selection_callbacks.core.callback import Scores, SelectionCallback
 from selection_callbacks.core.recorder import RunRecorder
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import (
+    ClassActSelection,
     GreatsSelection,
     HighLossSelection,
     OPUSSelection,
     OracleDomainSelection,
     RandomSelection,
+    RhoLossSelection,
 )
 
 __all__ = [
+    "ClassActSelection",
     "GreatsSelection",
     "HighLossSelection",
     "OPUSSelection",
     "OracleDomainSelection",
     "PoolDataModule",
     "RandomSelection",
+    "RhoLossSelection",
     "RunRecorder",
     "Scores",
     "SelectionCallback",

@@ -106,8 +106,8 @@ def test_same_seed_same_bpb_at_same_tokens(bench_run, tiny_corpus) -> None:
 
 
 def test_unknown_and_unlanded_methods() -> None:
-    with pytest.raises(SystemExit, match="'rho' has not landed yet; available: random"):
-        resolve(["random", "rho"])
+    with pytest.raises(SystemExit, match="'autodata' has not landed yet; available: random"):
+        resolve(["random", "autodata"])
     with pytest.raises(SystemExit, match="'nope' is unknown"):
         resolve(["random", "nope"])
     with pytest.raises(SystemExit, match="include 'random'"):

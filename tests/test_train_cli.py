@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import train
 from models.gpt import GPTConfig
 from models.lit_gpt import LitGPT
+from selection_callbacks.core.callback import SelectionCallback
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RandomSelection
 
@@ -84,7 +85,8 @@ def test_mid_epoch_resume_continues_the_candidate_stream(tiny_corpus, tmp_path: 
 
 
 @pytest.mark.parametrize("method, rule", [("random", "Uniform"), ("high_loss", "TopK"), ("oracle", "TopK"),
-                                          ("opus", "SequentialBoltzmann"), ("greats", "SequentialBoltzmann")])
+                                          ("opus", "SequentialBoltzmann"), ("greats", "SequentialBoltzmann"),
+                                          ("rho", "TopK"), ("classact", "TopK"), ("classact_report", "TopK")])
 def test_method_configs_keep_their_sampling_rule(tiny_corpus, method: str, rule: str) -> None:
     """CLI defaults of the base class must not override a method's own sampling rule."""
     args = ["--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config", str(ROOT / f"configs/method/{method}.yaml"),
@@ -114,3 +116,10 @@ def test_resume_from_checkpoint_reproduces_the_run(tiny_corpus, tmp_path: Path) 
     assert resumed["val_bpb"] == pytest.approx(full["val_bpb"], abs=1e-5)
     assert resumed["selection"]["kept"] == full["selection"]["kept"]
     assert resumed["selection"]["domains"] == pytest.approx(full["selection"]["domains"])
+
+
+def test_no_selection_at_ratio_one_leaves_no_empty_callback(tiny_corpus) -> None:
+    args = ["--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), *_data_args(tiny_corpus), "--data.ratio", "1"]
+    cli = train.SelectionCLI(LitGPT, PoolDataModule, args=args, run=False)
+    assert None not in cli.trainer.callbacks
+    assert not any(isinstance(c, SelectionCallback) for c in cli.trainer.callbacks)

@@ -1,0 +1,147 @@
+"""ClassAct: learnability selection, s(z) = ℓ_online(z) − ℓ_reference(z)."""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Literal
+
+import lightning as L
+import torch
+from typing_extensions import override
+
+from selection_callbacks.core.callback import SelectionRecord
+from selection_callbacks.scoring.proxy_callback import ProxySelection
+
+
+class ClassActSelection(ProxySelection):
+    """Keep the candidates the reference has learned and the online model has not yet.
+
+    Score s(z) = ℓ_online(z) − ℓ_reference(z) per candidate z ([N] mean token losses), K chosen
+    by top-K or Gumbel-top-K at ``temperature`` (Evans et al. 2023, "Bad students make great
+    teachers"; the LM adaptation of the data-selection report). Two variants:
+
+    - ``"paper"``: the reference is frozen and trained on the target split: a ``train.py``
+      checkpoint (``reference``), or a ``proxy_layers`` × ``proxy_width`` GPT pretrained at
+      ``reference_lr_scale · proxy_lr`` for ``reference_steps`` steps of
+      ``reference_batch_size`` target sequences before the first selection. The online model is
+      the learner itself (``online="learner"``, no extra model) or a small proxy trained at
+      ``proxy_lr`` on the selected rows (``online="proxy"``).
+    - ``"report"``: two small proxies of the same initial weights, trained on every micro-batch:
+      the online one at ``proxy_lr`` on the K selected rows (it stands in for the learner, which
+      trains on them), the reference at ``reference_lr_scale · proxy_lr`` on all N candidates.
+      A high score then means the faster learner has learned z more. Per micro-batch this costs
+      an online forward over N plus a forward/backward over K, and a reference forward over N
+      plus a forward/backward over N: the report's "online 3 fwd + 1 bwd, reference 3 fwd +
+      3 bwd" at ρ = 1/3, plus the training forwards (logged as ``select/cost/*``).
+
+    Proxies train on the global candidate rows (``SelectionRecord.batch``), so under DDP every
+    rank holds the same proxies. They step once per micro-batch with AdamW (betas 0.9/0.95, no
+    weight decay, constant learning rate), run under the learner's precision, and are saved with
+    the callback's state (weights, optimizer states, step counters).
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[ClassActSelection(ratio=1 / 3, variant="report")])
+
+    Args:
+        ratio: kept fraction ρ = K/N.
+        variant: ``"paper"`` (frozen reference) or ``"report"`` (both proxies trained online).
+        online: ``"learner"`` or ``"proxy"``; default ``"learner"`` for the paper variant, and the
+            report variant always uses a proxy.
+        reference: paper variant: a reference checkpoint trained on the target split (see
+            :mod:`selection_callbacks.methods.rho` for the command); None: pretrain one.
+        reference_steps: paper variant without ``reference``: pretraining steps on the target split.
+        reference_batch_size: target sequences per pretraining step.
+        proxy_layers: layers of the proxies built here.
+        proxy_width: their width; vocabulary and context follow the learner.
+        proxy_heads: their attention heads.
+        proxy_lr: learning rate of the online proxy.
+        reference_lr_scale: the reference learns at this multiple of ``proxy_lr``.
+        sampling: ``"top_k"`` or ``"gumbel"``.
+        temperature: Gumbel-top-K temperature in nats.
+        seed: selection seed; also seeds the proxies' initial weights and pretraining batches.
+        k: keep exactly this many instead of ratio·N.
+        nonfinite: see :class:`SelectionCallback`.
+    """
+
+    def __init__(
+        self,
+        ratio: float = 0.5,
+        variant: Literal["paper", "report"] = "paper",
+        online: Literal["learner", "proxy"] | None = None,
+        reference: str | None = None,
+        reference_steps: int = 300,
+        reference_batch_size: int = 16,
+        proxy_layers: int = 4,
+        proxy_width: int = 256,
+        proxy_heads: int = 4,
+        proxy_lr: float = 1e-3,
+        reference_lr_scale: float = 2.0,
+        sampling: Literal["top_k", "gumbel"] = "top_k",
+        temperature: float = 1.0,
+        seed: int = 0,
+        k: int | None = None,
+        nonfinite: Literal["error", "lowest"] = "error",
+    ) -> None:
+        super().__init__(
+            ratio=ratio, k=k, sampling=sampling, temperature=temperature, seed=seed, nonfinite=nonfinite,
+            proxy_layers=proxy_layers, proxy_width=proxy_width, proxy_heads=proxy_heads, reference=reference,
+            reference_steps=reference_steps, reference_batch_size=reference_batch_size,
+        )
+        if variant not in ("paper", "report"):
+            raise ValueError(f"variant must be 'paper' or 'report', got {variant!r}")
+        if variant == "report" and (online == "learner" or reference is not None):
+            raise ValueError(
+                "the report variant trains both proxies online: it takes neither online='learner' nor a reference"
+            )
+        if variant == "paper" and reference is None and reference_steps == 0:
+            raise ValueError(
+                "ClassAct's paper variant needs a reference: reference=CKPT (train.py on the target split) or "
+                "reference_steps > 0 to pretrain one on the target split"
+            )
+        if not (proxy_lr > 0 and reference_lr_scale > 0):
+            raise ValueError(f"proxy_lr and reference_lr_scale must be > 0, got {proxy_lr}, {reference_lr_scale}")
+        self.variant = variant
+        self.online = online or ("proxy" if variant == "report" else "learner")
+        self.proxy_lr, self.reference_lr_scale = proxy_lr, reference_lr_scale
+        self._mean_losses: tuple[float, float] | None = None
+
+    @override
+    def create_proxies(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        reference_lr = self.proxy_lr * self.reference_lr_scale
+        if self.variant == "report":  # same initial weights: the score is what the faster learner learned more
+            self.add_proxy(trainer, pl_module, "online", self.build_proxy(trainer, pl_module, "proxy"), self.proxy_lr)
+            self.add_proxy(trainer, pl_module, "reference", self.build_proxy(trainer, pl_module, "proxy"), reference_lr)
+            return
+        self.add_reference(trainer, pl_module, reference_lr)
+        if self.online == "proxy":
+            self.add_proxy(trainer, pl_module, "online", self.build_proxy(trainer, pl_module, "online"), self.proxy_lr)
+
+    @override
+    def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:
+        if "reference" not in self.proxies:
+            raise RuntimeError("ClassActSelection builds its models in on_train_start: add it to the Trainer")
+        self.ensure_reference(trainer)
+        if self.online == "proxy":
+            online = self.proxies["online"].losses(batch)
+        else:
+            online = self.learner_losses(pl_module, batch)
+        reference = self.proxies["reference"].losses(batch)
+        self._mean_losses = (float(online.float().mean()), float(reference.float().mean()))
+        return online.float() - reference.float()
+
+    @override
+    def after_selection(self, trainer: L.Trainer, pl_module: L.LightningModule, record: SelectionRecord) -> None:
+        rows = record.batch
+        with trainer.precision_plugin.train_step_context():
+            if self.online == "proxy":
+                self.proxies["online"].train_step({key: v[record.selected.to(v.device)] for key, v in rows.items()})
+            if self.variant == "report":
+                self.proxies["reference"].train_step(rows)
+
+    @override
+    def extra_metrics(self) -> dict[str, float]:
+        out = super().extra_metrics()
+        if self._mean_losses is not None:
+            out["select/online_loss"], out["select/reference_loss"] = self._mean_losses
+        return out

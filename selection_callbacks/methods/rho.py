@@ -1,0 +1,146 @@
+"""RHO-LOSS: keep the candidates with the largest reducible holdout loss, ℓ_learner(z) − ℓ_ref(z).
+
+The reference is a model trained on the target split (never val). Train it with a short
+``train.py`` run whose pool, target and val are all the target split (ratio 1: every candidate
+kept; no validation) and which saves ``runs/rho_reference/reference.ckpt``::
+
+    python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/random.yaml \
+        --data.pool data/default/target.jsonl --data.target data/default/target.jsonl \
+        --data.val data/default/target.jsonl --data.ratio 1 \
+        --trainer.max_steps 300 --trainer.limit_val_batches 0 --trainer.enable_checkpointing true \
+        --trainer.callbacks+=ModelCheckpoint --trainer.callbacks.dirpath runs/rho_reference \
+        --trainer.callbacks.filename reference --trainer.callbacks.save_on_train_epoch_end true \
+        --trainer.default_root_dir runs/rho_reference
+
+Then either score with it on the fly (one reference forward over the N candidates per step)::
+
+    python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/rho.yaml \
+        --selection.init_args.reference runs/rho_reference/reference.ckpt \
+        --data.pool data/default/pool.jsonl --data.target data/default/target.jsonl --data.val data/default/val.jsonl
+
+or precompute ℓ_ref once per pool sequence (same pool and ``--data.seq_len`` as the training run)::
+
+    python -m selection_callbacks.offline.reference_losses --ckpt runs/rho_reference/reference.ckpt \
+        --pool data/default/pool.jsonl --seq-len 128 --out runs/rho_reference/pool_losses.npz
+
+and look it up by ``sample_id`` with ``--selection.init_args.reference_losses runs/rho_reference/pool_losses.npz``.
+Without either, ``configs/method/rho.yaml`` pretrains a reference on the target split when
+training starts (what ``bench.compare`` runs).
+"""
+
+from __future__ import annotations
+
+from collections.abc import MutableMapping
+from typing import Literal
+
+import lightning as L
+import torch
+from typing_extensions import override
+
+from selection_callbacks.offline.reference_losses import ReferenceLossTable
+from selection_callbacks.scoring.proxy_callback import ProxySelection
+
+
+class RhoLossSelection(ProxySelection):
+    """Score = ℓ(z; θ_learner) − ℓ(z; θ_ref) per candidate ([N] mean token losses); Mindermann et al. 2022.
+
+    ℓ_ref comes from one of: ``reference_losses`` (a file precomputed by
+    :mod:`selection_callbacks.offline.reference_losses`, looked up by ``sample_id``; checked
+    against the pool and ``seq_len`` at setup), ``reference`` (a checkpoint, one frozen forward
+    per step), or, when neither is given, a ``proxy_layers`` × ``proxy_width`` GPT pretrained
+    for ``reference_steps`` steps on the target split before the first selection. The learner's forward and any
+    reference forward are counted in ``select/cost/*``.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[RhoLossSelection(ratio=0.5, reference="runs/rho_reference/reference.ckpt")])
+
+    Args:
+        ratio: kept fraction ρ = K/N.
+        reference: a reference checkpoint (``train.py`` on the target split; command in the module docstring).
+        reference_losses: a precomputed ``.npz`` of ℓ_ref per pool sequence.
+        reference_steps: without either: pretraining steps of a reference on the target split.
+        reference_batch_size: target sequences per pretraining step.
+        reference_lr: AdamW learning rate of that pretraining (constant).
+        proxy_layers: layers of the pretrained reference.
+        proxy_width: its width; vocabulary and context follow the learner.
+        proxy_heads: its attention heads.
+        sampling: ``"top_k"`` or ``"gumbel"``.
+        temperature: Gumbel-top-K temperature in nats.
+        seed: selection seed; also seeds the pretrained reference.
+        k: keep exactly this many instead of ratio·N.
+        nonfinite: see :class:`SelectionCallback`.
+    """
+
+    def __init__(
+        self,
+        ratio: float = 0.5,
+        reference: str | None = None,
+        reference_losses: str | None = None,
+        reference_steps: int = 0,
+        reference_batch_size: int = 16,
+        reference_lr: float = 2e-3,
+        proxy_layers: int = 4,
+        proxy_width: int = 256,
+        proxy_heads: int = 4,
+        sampling: Literal["top_k", "gumbel"] = "top_k",
+        temperature: float = 1.0,
+        seed: int = 0,
+        k: int | None = None,
+        nonfinite: Literal["error", "lowest"] = "error",
+    ) -> None:
+        super().__init__(
+            ratio=ratio, k=k, sampling=sampling, temperature=temperature, seed=seed, nonfinite=nonfinite,
+            proxy_layers=proxy_layers, proxy_width=proxy_width, proxy_heads=proxy_heads, reference=reference,
+            reference_steps=reference_steps, reference_batch_size=reference_batch_size,
+        )
+        if reference is not None and reference_losses is not None:
+            raise ValueError("give RhoLossSelection reference (a checkpoint) or reference_losses (a file), not both")
+        if reference is None and reference_losses is None and reference_steps == 0:
+            raise ValueError(
+                "RhoLossSelection needs a reference: reference=CKPT, reference_losses=FILE, or reference_steps > 0 to "
+                "pretrain one on the target split (see the selection_callbacks.methods.rho docstring for the commands)"
+            )
+        if not reference_lr > 0:
+            raise ValueError(f"reference_lr must be > 0, got {reference_lr}")
+        self.reference_losses, self.reference_lr = reference_losses, reference_lr
+        self.table: ReferenceLossTable | None = None
+        self._mean_losses: tuple[float, float] | None = None
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if self.reference_losses is None or stage != "fit":
+            return
+        self.table = ReferenceLossTable(self.reference_losses)
+        pool = getattr(getattr(trainer, "datamodule", None), "splits", {}).get("pool")
+        if pool is None:
+            raise ValueError("reference_losses are looked up in the PoolDataModule's pool: train with PoolDataModule")
+        self.table.check_pool(pool)
+
+    @override
+    def create_proxies(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if self.reference_losses is None:
+            self.add_reference(trainer, pl_module, self.reference_lr)
+
+    @override
+    def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:
+        learner = self.learner_losses(pl_module, batch).float()
+        if self.table is not None:
+            if not isinstance(batch.get("sample_id"), torch.Tensor):
+                raise ValueError("reference_losses are looked up by sample_id: the superbatch carries none")
+            reference = self.table.lookup(batch["sample_id"])
+        elif "reference" in self.proxies:
+            self.ensure_reference(trainer)
+            reference = self.proxies["reference"].losses(batch).float()
+        else:
+            raise RuntimeError("RhoLossSelection builds its reference in on_train_start: add it to the Trainer")
+        self._mean_losses = (float(learner.mean()), float(reference.mean()))
+        return learner - reference
+
+    @override
+    def extra_metrics(self) -> dict[str, float]:
+        out = super().extra_metrics()
+        if self._mean_losses is not None:
+            out["select/learner_loss"], out["select/reference_loss"] = self._mean_losses
+        return out

@@ -1,0 +1,113 @@
+"""RHO-LOSS with real tiny models: the reference command, scores, precomputed losses, pretraining and errors."""
+
+from __future__ import annotations
+
+import copy
+from pathlib import Path
+
+import lightning as L
+import numpy as np
+import pytest
+import torch
+
+from models.lit_gpt import LitGPT
+from selection_callbacks.core.callback import SelectionRecord
+from selection_callbacks.data.datamodule import PoolDataModule
+from selection_callbacks.methods import RhoLossSelection
+from selection_callbacks.offline import reference_losses
+from selection_callbacks.offline.reference_losses import ReferenceLossTable
+from selection_callbacks.scoring.proxy import load_reference
+from tests.learnability import SEQ_LEN, assert_learnability_order, trained_models
+
+
+@pytest.fixture(scope="module")
+def trained(tmp_path_factory: pytest.TempPathFactory) -> dict:
+    return trained_models(tmp_path_factory.mktemp("rho"))
+
+
+def _select(trained: dict, selector: RhoLossSelection, steps: int = 1, seq_len: int = SEQ_LEN, pool: str | None = None,
+            ) -> tuple[SelectionRecord, PoolDataModule]:
+    """Fit a copy of the trained learner for ``steps`` steps (N = 64, K = 32); the last selection."""
+    corpus = trained["corpus"]
+    trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=[selector], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0)
+    dm = PoolDataModule(pool or corpus["pool"], corpus["target"], corpus["val"], seq_len=seq_len, batch_size=32,
+                        ratio=0.5, progress=False)
+    trainer.fit(copy.deepcopy(trained["learner"]), datamodule=dm)
+    return selector.last_record, dm
+
+
+def test_reference_losses_score_where_the_math_says(trained: dict) -> None:
+    selector = RhoLossSelection(ratio=0.5, reference=str(trained["ckpt"]))
+    record, dm = _select(trained, selector)
+    reference = load_reference(trained["ckpt"])
+    assert_learnability_order(record, dm.domain_names, trained["learner"], reference)
+    metrics = selector.extra_metrics()
+    tokens = 64 * SEQ_LEN  # one forward of each model over the superbatch; no backward
+    assert metrics["select/cost/learner_fwd_tokens"] == metrics["select/cost/reference_fwd_tokens"] == tokens
+    assert metrics["select/cost/fwd_per_update"] == 2 * 64 / 32 and metrics["select/cost/bwd_per_update"] == 0
+
+
+def test_precomputed_losses_match_the_checkpoint(trained: dict, tmp_path: Path, capsys) -> None:
+    out = tmp_path / "pool_losses.npz"
+    reference_losses.main(["--ckpt", str(trained["ckpt"]), "--pool", trained["corpus"]["pool"],
+                           "--seq-len", str(SEQ_LEN), "--out", str(out), "--batch-size", "50"])
+    assert "215 sequences" in capsys.readouterr().out  # 18 documents × 12 sequences, the last without its final label
+    live, _ = _select(trained, RhoLossSelection(ratio=0.5, reference=str(trained["ckpt"])))
+    lookup = RhoLossSelection(ratio=0.5, reference_losses=str(out))
+    looked_up, _ = _select(trained, lookup)
+    assert torch.equal(live.sample_id, looked_up.sample_id)
+    torch.testing.assert_close(looked_up.scores, live.scores, atol=1e-4, rtol=0)
+    assert torch.equal(looked_up.selected, live.selected)
+    assert "select/cost/reference_fwd" not in lookup.extra_metrics()  # no reference forward when looking up
+
+    with pytest.raises(ValueError, match="seq_len=32, the pool is packed at 16"):
+        _select(trained, RhoLossSelection(ratio=0.5, reference_losses=str(out)), seq_len=16)
+    with pytest.raises(ValueError, match="made for another pool"):
+        _select(trained, RhoLossSelection(ratio=0.5, reference_losses=str(out)), pool=trained["corpus"]["target"])
+    table = ReferenceLossTable(out)
+    with pytest.raises(KeyError, match=r"sample_id\(s\) \[215\] are not in"):
+        table.lookup(torch.tensor([3, 215]))
+    with pytest.raises(FileNotFoundError, match="python -m selection_callbacks.offline.reference_losses"):
+        ReferenceLossTable(tmp_path / "missing.npz")
+    np.savez(tmp_path / "other.npz", scores=np.zeros(3))
+    with pytest.raises(ValueError, match="not a reference loss file"):
+        ReferenceLossTable(tmp_path / "other.npz")
+
+
+def test_pretrained_reference_reads_only_target_batches(trained: dict) -> None:
+    selector = RhoLossSelection(ratio=0.5, reference_steps=4, reference_batch_size=8, proxy_layers=1, proxy_width=32,
+                                proxy_heads=2)
+    calls: list[int] = []
+    original = PoolDataModule.target_batch
+
+    def spy(self, n, generator):
+        calls.append(n)
+        return original(self, n, generator)
+
+    PoolDataModule.target_batch = spy  # type: ignore[method-assign]
+    try:
+        _select(trained, selector, steps=3)
+    finally:
+        PoolDataModule.target_batch = original  # type: ignore[method-assign]
+    reference = selector.proxies["reference"]
+    assert calls == [8] * 4 and reference.steps == 4 and reference.frozen
+    assert selector.meter.total["reference_bwd"] == [4, 4 * 8 * SEQ_LEN]  # pretraining, counted once
+    # the pretraining forwards and one scoring forward per step
+    assert selector.meter.total["reference_fwd"] == [4 + 3, (4 * 8 + 3 * 64) * SEQ_LEN]
+    assert 0 < selector.extra_metrics()["select/scoring_fraction"] <= 1
+    assert selector.summary()["cost"]["reference_bwd"] == {"passes": 4, "tokens": 4 * 8 * SEQ_LEN}
+
+
+def test_clear_errors(trained: dict, tmp_path: Path) -> None:
+    with pytest.raises(ValueError, match="RhoLossSelection needs a reference"):
+        RhoLossSelection()
+    with pytest.raises(ValueError, match="not both"):
+        RhoLossSelection(reference="a.ckpt", reference_losses="a.npz")
+    with pytest.raises(FileNotFoundError, match="reference checkpoint .* does not exist"):
+        _select(trained, RhoLossSelection(reference=str(tmp_path / "missing.ckpt")))
+    (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
+    with pytest.raises(ValueError, match="not a LitGPT checkpoint"):
+        _select(trained, RhoLossSelection(reference=str(tmp_path / "junk.ckpt")))
+    assert isinstance(load_reference(trained["ckpt"]), LitGPT)
