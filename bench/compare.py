@@ -157,7 +157,7 @@ def prepare_offline(plan: Plan, method: Method, seed: int) -> tuple[Path, float]
         info = json.loads(done.read_text())
         return Path(info["subset"]), float(info["seconds"])
     folder.mkdir(parents=True, exist_ok=True)
-    budget = plan.steps * plan.batch_size  # sequences the run will train on
+    budget = plan.steps * plan.tokens_per_step  # tokens the run will train on
     start = time.perf_counter()
     subset = method.select(plan.args.pool, plan.args.target, budget, seed, folder)
     seconds = time.perf_counter() - start

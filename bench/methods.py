@@ -1,7 +1,7 @@
 """The benchmark's method registry: one line per landed method.
 
 An *online* method is a ``configs/method/<name>.yaml`` (its selection callback) trained from the
-full pool. An *offline* method is a selector ``(pool, target, budget_docs, seed, out_dir) -> subset
+full pool. An *offline* method is a selector ``(pool, target, budget_tokens, seed, out_dir) -> subset
 file`` run once per seed in a cached prepare stage; its run trains on that subset (ratio 1, every
 candidate kept) and its selection seconds are added to its wall-clock.
 """
@@ -10,7 +10,10 @@ from __future__ import annotations
 
 from collections.abc import Callable
 from dataclasses import dataclass
+from functools import partial
 from pathlib import Path
+
+from selection_callbacks.offline.select import bench_select
 
 ROOT = Path(__file__).resolve().parents[1]
 
@@ -47,10 +50,14 @@ REGISTRY: dict[str, Method] = {
     "rho": Method("rho", config="configs/method/rho.yaml"),
     "classact": Method("classact", config="configs/method/classact.yaml"),
     "classact_report": Method("classact_report", config="configs/method/classact_report.yaml"),
+    # offline: the subset holds the tokens the run trains on (selection_callbacks.offline.select)
+    "dsir": Method("dsir", select=partial(bench_select, "dsir")),
+    "warmup_delta": Method("warmup_delta", select=partial(bench_select, "warmup_delta")),
+    "policy": Method("policy", select=partial(bench_select, "policy")),
 }
 
 PLANNED = (
-    "warmup_delta", "policy", "datamask", "dsir", "autodata",
+    "datamask", "autodata",
 )
 
 

@@ -1,0 +1,172 @@
+"""One command for every offline selector: pool + target → a subset file the pool datamodule trains on.
+
+    python -m selection_callbacks.offline.select dsir --pool data/default/pool.jsonl \
+        --target data/default/target.jsonl --budget-tokens 2000000 --seed 0 --out runs/dsir/subset.parquet
+    python -m selection_callbacks.offline.select warmup_delta ... --trim_low 2 --trim_high 2
+    python -m selection_callbacks.offline.select policy ... --rounds 20 --group_size 8 --workers 2
+    python -m selection_callbacks.offline.select policy --help      # every option of one method
+
+Budget: ``--budget-docs N`` keeps exactly N documents; ``--budget-tokens B`` keeps the fewest
+top-ranked documents holding ≥ B ByteTokenizer tokens (UTF-8 bytes + 1 per document). The subset
+(parquet, ``doc_id`` column) trains with ``--data.subset``; ``<out>.summary.json`` records what was
+chosen (domain composition, length quantiles), the settings, the method's details and the seconds,
+and the same summary is printed. Selectors read the pool and the *target* split, never val.
+
+Adding a selector: write ``fn(pool: Corpus, target: Corpus, budget: Budget, seed: int, config,
+progress: bool) -> Selection`` with a dataclass ``config`` (its documented fields become the
+method's options) and add ``Selector(config, fn, help)`` to :data:`SELECTORS`.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass, fields
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+from jsonargparse import ArgumentParser
+
+from selection_callbacks.data.subset import write_subset
+from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
+from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
+from selection_callbacks.offline.policy import PolicyConfig, select_policy
+from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, select_warmup_delta
+
+QUANTILES = (0.0, 0.1, 0.5, 0.9, 1.0)
+
+
+@dataclass(frozen=True)
+class Selector:
+    """A registered offline selector: its config dataclass, its function and a one-line help."""
+
+    config: type
+    select: Callable[[Corpus, Corpus, Budget, int, Any, bool], Selection]
+    help: str
+
+
+SELECTORS: dict[str, Selector] = {
+    "dsir": Selector(DSIRConfig, select_dsir, "DSIR: hashed n-gram importance resampling toward the target"),
+    "warmup_delta": Selector(
+        WarmupDeltaConfig, select_warmup_delta, "warmup delta: top Δ = ℓ_early − ℓ_final of a pool proxy, tails trimmed"
+    ),
+    "policy": Selector(
+        PolicyConfig, select_policy, "learned linear policy over the feature bank, REINFORCE on proxy rewards"
+    ),
+}
+
+
+def run_selection(
+    method: str,
+    pool: str | Path,
+    target: str | Path,
+    budget: Budget,
+    seed: int,
+    out: str | Path,
+    config: Any = None,
+    progress: bool = True,
+) -> dict[str, Any]:
+    """Select, write ``out`` and ``<out>.summary.json``, print the summary and return it."""
+    if method not in SELECTORS:
+        raise SelectionError(f"unknown selection method {method!r}; available: {', '.join(SELECTORS)}")
+    spec = SELECTORS[method]
+    config = spec.config() if config is None else config
+    start = time.perf_counter()
+    pool_c, target_c = load_corpus(pool, "pool"), load_corpus(target, "target")
+    budget.check(pool_c)
+    selection = spec.select(pool_c, target_c, budget, seed, config, progress)
+    seconds = time.perf_counter() - start
+    idx = np.asarray(selection.indices, dtype=np.int64)
+    if np.unique(idx).size != idx.size or not np.array_equal(budget.take(idx, pool_c.n_tokens), idx):
+        raise RuntimeError(f"selector {method!r} returned repeated documents or not exactly the budget")
+    out = Path(out)
+    write_subset(out, "doc_id", pool_c.ids[idx].tolist())
+    lengths = np.quantile(pool_c.n_tokens[idx], QUANTILES).tolist()
+    summary = {
+        "method": method,
+        "seed": seed,
+        "pool": str(pool),
+        "target": str(target),
+        "subset": str(out),
+        "budget": {"tokens": budget.tokens, "docs": budget.docs},
+        "documents": int(idx.size),
+        "tokens": int(pool_c.n_tokens[idx].sum()),
+        "seconds": round(seconds, 2),
+        "domains": composition(pool_c, idx),
+        "length_tokens_quantiles": dict(zip(map(str, QUANTILES), lengths)),
+        "config": asdict(config),
+        "info": selection.info,
+    }
+    Path(f"{out}.summary.json").write_text(json.dumps(summary, indent=1))
+    print_summary(summary)
+    return summary
+
+
+def composition(pool: Corpus, idx: np.ndarray) -> dict[str, dict[str, float]]:
+    """Per domain: chosen documents, share of the chosen tokens, and the domain's share of the pool's tokens."""
+    chosen_tokens = pool.n_tokens[idx].sum()
+    out = {}
+    for d in np.unique(pool.domains):
+        mine = pool.domains[idx] == d
+        out[str(d)] = {
+            "docs": int(mine.sum()),
+            "token_share": float(pool.n_tokens[idx][mine].sum() / chosen_tokens),
+            "pool_token_share": float(pool.n_tokens[pool.domains == d].sum() / pool.n_tokens.sum()),
+        }
+    return out
+
+
+def print_summary(s: dict[str, Any]) -> None:
+    b = s["budget"]
+    budget = f"{b['docs']} documents" if b["docs"] is not None else f"{b['tokens']:,} tokens"
+    print(f"[select] {s['method']} (seed {s['seed']}): {s['documents']} documents, {s['tokens']:,} tokens "
+          f"(budget {budget}) in {s['seconds']:.1f} s -> {s['subset']}")
+    print(f"  {'domain':<14s} {'docs':>6s} {'tokens':>8s} {'pool':>8s}")
+    for d, c in sorted(s["domains"].items(), key=lambda kv: -kv[1]["token_share"]):
+        print(f"  {d:<14s} {c['docs']:>6d} {c['token_share']:>8.1%} {c['pool_token_share']:>8.1%}")
+    q = s["length_tokens_quantiles"]
+    print("  length (tokens): " + ", ".join(f"q{float(k):g}={v:.0f}" for k, v in q.items()))
+
+
+def bench_select(method: str, pool: str, target: str, budget_tokens: int, seed: int, out_dir: Path) -> Path:
+    """``bench/methods.py``'s offline selector signature.
+
+    The benchmark passes the tokens its run will train on (steps × batch size × seq_len); the
+    subset gets ≥ budget_tokens + 1 tokens, so the run reads each selected token about once.
+    """
+    out = Path(out_dir) / "subset.parquet"
+    run_selection(method, pool, target, Budget(tokens=budget_tokens + 1), seed, out, progress=False)
+    return out
+
+
+def build_parser() -> ArgumentParser:
+    p = ArgumentParser(prog="python -m selection_callbacks.offline.select", description=__doc__.split("\n\n")[0])
+    sub = p.add_subcommands(dest="method", required=True)
+    for name, spec in SELECTORS.items():
+        a = ArgumentParser(description=spec.help)
+        a.add_argument("--pool", required=True, help="candidate documents (jsonl, parquet or a folder of text)")
+        a.add_argument("--target", required=True, help="documents selectors may read (never the val split)")
+        budget = a.add_mutually_exclusive_group(required=True)
+        budget.add_argument("--budget-tokens", type=int, help="select ≥ this many tokens (fewest documents)")
+        budget.add_argument("--budget-docs", type=int, help="select exactly this many documents")
+        a.add_argument("--seed", type=int, default=0, help="selection seed")
+        a.add_argument("--out", required=True, help="subset parquet to write")
+        a.add_argument("--progress", type=bool, default=True, help="progress bars")
+        a.add_class_arguments(spec.config, None)
+        sub.add_subcommand(name, a, help=spec.help)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    parser = build_parser()
+    ns = parser.instantiate(parser.parse_args(argv))
+    a = ns[ns.method]
+    config = SELECTORS[ns.method].config(**{f.name: a[f.name] for f in fields(SELECTORS[ns.method].config)})
+    budget = Budget(tokens=a.budget_tokens, docs=a.budget_docs)
+    return run_selection(ns.method, a.pool, a.target, budget, a.seed, a.out, config, a.progress)
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,144 @@
+"""Offline building blocks: the budget rule, the proxy trainer's scores (vs autograd) and the feature bank."""
+
+from __future__ import annotations
+
+import numpy as np
+import pytest
+import torch
+import torch.nn.functional as F
+
+from selection_callbacks.offline import features as features_mod
+from selection_callbacks.offline.corpus import Budget, SelectionError, gumbel_order, load_corpus
+from selection_callbacks.offline.dsir import DSIRConfig
+from selection_callbacks.offline.features import FeatureConfig, distinct_ratio, feature_bank, kmeans, standardise
+from selection_callbacks.offline.proxy_train import (
+    BOS,
+    ProxyConfig,
+    pack_documents,
+    score_documents,
+    target_loss,
+    train_proxy,
+)
+from tests.conftest import write_jsonl
+
+TINY_PROXY = ProxyConfig(n_layer=1, n_head=2, n_embd=32, seq_len=64, batch_size=16, lr=1e-2)
+TINY_BANK = FeatureConfig(proxy=TINY_PROXY, score_tokens=256, clusters=4, dsir=DSIRConfig(num_buckets=2048))
+
+
+def test_budget_prefix_rule() -> None:
+    n_tokens = np.array([10, 20, 30, 40])
+    order = np.array([3, 1, 0, 2])
+    assert Budget(docs=2).take(order, n_tokens).tolist() == [3, 1]
+    assert Budget(tokens=40).take(order, n_tokens).tolist() == [3]  # exactly reached
+    assert Budget(tokens=41).take(order, n_tokens).tolist() == [3, 1]  # fewest documents with ≥ B tokens
+    with pytest.raises(SelectionError, match="only 2 eligible"):
+        Budget(docs=3).take(order[:2], n_tokens)
+    with pytest.raises(SelectionError, match="exactly one budget"):
+        Budget()
+    with pytest.raises(SelectionError, match="≥ 1"):
+        Budget(tokens=0)
+
+
+def test_corpus_errors(tmp_path, tiny_corpus) -> None:
+    pool = load_corpus(tiny_corpus["pool"])
+    with pytest.raises(SelectionError, match="larger than the pool"):
+        Budget(tokens=int(pool.n_tokens.sum()) + 1).check(pool)
+    with pytest.raises(SelectionError, match="larger than the pool"):
+        Budget(docs=len(pool) + 1).check(pool)
+    (tmp_path / "empty.jsonl").write_text("")
+    with pytest.raises(SelectionError, match="no documents"):
+        load_corpus(tmp_path / "empty.jsonl")
+    dup = write_jsonl(tmp_path / "dup.jsonl", [{"id": "a", "text": "x"}, {"id": "a", "text": "y"}])
+    with pytest.raises(SelectionError, match="repeats document ids"):
+        load_corpus(dup)
+
+
+def test_gumbel_order_samples_proportionally() -> None:
+    """First draw of Gumbel-top-k ∝ exp(log w)."""
+    logw = np.log(np.array([0.6, 0.3, 0.1]))
+    rng = np.random.default_rng(0)
+    firsts = np.bincount([gumbel_order(logw, rng)[0] for _ in range(4000)], minlength=3) / 4000
+    np.testing.assert_allclose(firsts, [0.6, 0.3, 0.1], atol=0.03)
+
+
+def _docs(n: int, seed: int, length: int = 150) -> list[np.ndarray]:
+    rng = np.random.default_rng(seed)
+    bodies = [rng.integers(97, 110, size=rng.integers(1, length)) for _ in range(n)]
+    return [np.concatenate([[BOS], b]).astype(np.uint16) for b in bodies]
+
+
+def test_proxy_scores_match_autograd() -> None:
+    """Per-document loss and head-gradient cosine equal brute force through autograd on the same windows."""
+    stream, target = pack_documents(_docs(12, 0), 32), pack_documents(_docs(4, 1), 32)
+    cfg = ProxyConfig(n_layer=1, n_head=2, n_embd=16, seq_len=32, batch_size=4)
+    model = train_proxy(stream, cfg, seed=0, tokens=32 * 4 * 3).model.double()
+    scores = score_documents(model, stream, align_with=target)
+
+    def head_grad_and_losses(s):
+        w = torch.from_numpy(s.windows(np.arange(s.n_eval_windows)))
+        pos = np.arange(s.n_eval_windows)[:, None] * s.seq_len + 1 + np.arange(s.seq_len)[None, :]
+        nll = F.cross_entropy(model(w[:, :-1]).flatten(0, 1), w[:, 1:].flatten(), reduction="none")
+        keep = (pos.ravel() < s.tokens.size) & (w[:, 1:].flatten().numpy() != BOS)
+        doc = np.searchsorted(s.doc_start, pos.ravel(), side="right") - 1
+        return nll, keep, doc
+
+    nll, keep, doc = head_grad_and_losses(target)
+    g_target = torch.autograd.grad(nll[torch.from_numpy(keep)].mean(), model.lm_head.weight)[0]
+    nll, keep, doc = head_grad_and_losses(stream)
+    for d in range(stream.n_docs):
+        mine = torch.from_numpy(keep & (doc == d))
+        assert scores.loss[d] == pytest.approx(float(nll[mine].mean().detach()), rel=1e-6)
+        g = torch.autograd.grad(nll[mine].sum(), model.lm_head.weight, retain_graph=True)[0]
+        cosine = float(F.cosine_similarity(g.flatten(), g_target.flatten(), 0))
+        assert scores.grad_align[d] == pytest.approx(cosine, abs=1e-6)
+    # the token-weighted mean of the document losses is the stream's loss
+    counts = np.bincount(doc[keep], minlength=stream.n_docs)
+    assert np.average(scores.loss, weights=counts) == pytest.approx(target_loss(model, stream), rel=1e-6)
+    np.testing.assert_allclose(scores.bpb, scores.loss / np.log(2))
+
+
+def test_proxy_training_is_deterministic_and_learns() -> None:
+    stream = pack_documents(_docs(30, 2), 64)
+    runs = [train_proxy(stream, TINY_PROXY, seed=3, checkpoints=(0.1, 1.0), score_on=stream) for _ in range(2)]
+    np.testing.assert_array_equal(runs[0].scores[1.0].loss, runs[1].scores[1.0].loss)
+    assert np.nanmean(runs[0].scores[0.1].loss) > np.nanmean(runs[0].scores[1.0].loss)
+    other = train_proxy(stream, TINY_PROXY, seed=4, checkpoints=(1.0,), score_on=stream)
+    assert not np.array_equal(other.scores[1.0].loss, runs[0].scores[1.0].loss)
+
+
+def test_small_helpers() -> None:
+    words = "a b a b a b".split()
+    assert distinct_ratio(words, 1) == pytest.approx(2 / 6)
+    assert distinct_ratio(words, 2) == pytest.approx(2 / 5)
+    assert distinct_ratio(["a"], 3) == 1.0
+    rng = np.random.default_rng(0)
+    x = np.concatenate([rng.normal(0, 0.1, (20, 3)), rng.normal(5, 0.1, (20, 3))])
+    labels = kmeans(x, 2, seed=0)
+    assert len(set(labels[:20])) == 1 and len(set(labels[20:])) == 1 and labels[0] != labels[-1]
+    z, mean, std = standardise(np.array([[1.0, 5.0], [3.0, 5.0], [np.nan, 5.0]]))
+    np.testing.assert_allclose(z, [[-1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
+
+
+def test_feature_bank_columns_and_cache(tiny_corpus, monkeypatch) -> None:
+    pool, target = load_corpus(tiny_corpus["pool"]), load_corpus(tiny_corpus["target"], "target")
+    bank = feature_bank(pool, target, TINY_BANK, progress=False)
+    assert set(features_mod.NUMERIC_FEATURES) | {"cluster"} == set(bank.names)
+    assert all(c.shape == (len(pool),) for c in bank.columns.values())
+    np.testing.assert_array_equal(bank.ids, pool.ids)
+    prose, noise = bank.domains == "prose", bank.domains == "noise"
+    c = bank.columns
+    # the target is prose: prose is more target-like under every target-aware feature
+    assert c["dsir"][prose].min() > c["dsir"][noise].max()
+    assert c["grad_align"][prose].mean() > c["grad_align"][noise].mean() + 0.3
+    assert c["byte_entropy"][noise].min() > c["byte_entropy"][prose].max()
+    assert c["loss_final"][prose].mean() < c["loss_final"][noise].mean()
+    assert np.all(c["loss_early"] > c["loss_final"]) and np.allclose(c["delta"], c["loss_early"] - c["loss_final"])
+    assert c["distinct_1"][prose].max() < 0.5 and np.all(c["distinct_1"][noise] == 1.0)
+    assert len(np.unique(c["cluster"][prose])) < 4  # prose and noise do not share all clusters
+    assert bank.matrix(["dsir", "delta"]).shape == (len(pool), 2)
+    with pytest.raises(KeyError, match="unknown feature"):
+        bank.matrix(["nope"])
+    # a second call reads the cache instead of recomputing
+    monkeypatch.setattr(features_mod, "compute_features", lambda *a, **k: pytest.fail("recomputed a cached bank"))
+    again = feature_bank(pool, target, TINY_BANK, progress=False)
+    np.testing.assert_array_equal(again.columns["delta"], c["delta"])
