@@ -54,10 +54,11 @@ REGISTRY: dict[str, Method] = {
     "dsir": Method("dsir", select=partial(bench_select, "dsir")),
     "warmup_delta": Method("warmup_delta", select=partial(bench_select, "warmup_delta")),
     "policy": Method("policy", select=partial(bench_select, "policy")),
+    "datamask": Method("datamask", select=partial(bench_select, "datamask")),
 }
 
 PLANNED = (
-    "datamask", "autodata",
+    "autodata",
 )
 
 

@@ -31,6 +31,7 @@ from jsonargparse import ArgumentParser
 
 from selection_callbacks.data.subset import write_subset
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
+from selection_callbacks.offline.datamask import DatamaskConfig, select_datamask
 from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
 from selection_callbacks.offline.policy import PolicyConfig, select_policy
 from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, select_warmup_delta
@@ -54,6 +55,9 @@ SELECTORS: dict[str, Selector] = {
     ),
     "policy": Selector(
         PolicyConfig, select_policy, "learned linear policy over the feature bank, REINFORCE on proxy rewards"
+    ),
+    "datamask": Selector(
+        DatamaskConfig, select_datamask, "DATAMASK: policy-gradient mask learning, λ·quality + (1−λ)·diversity"
     ),
 }
 
