@@ -31,7 +31,7 @@ class OPUSSelection(GhostSelection):
 
     Example::
 
-        trainer = L.Trainer(callbacks=[OPUSSelection(ratio=0.5, score_len=64, temperature=1.0)])
+        trainer = L.Trainer(callbacks=[OPUSSelection(ratio=0.5, score_len=64, temperature=0.25)])
 
     Args:
         ratio: kept fraction ρ = K/N.
@@ -41,7 +41,7 @@ class OPUSSelection(GhostSelection):
             ``proxy_batch_size``, ``proxy``, ``include_embedding``, ``seed``, ...).
     """
 
-    def __init__(self, ratio: float = 0.5, temperature: float = 1.0, redundancy_weight: float = 1.0, **kwargs: Any) -> None:
+    def __init__(self, ratio: float = 0.5, temperature: float = 0.25, redundancy_weight: float = 1.0, **kwargs: Any) -> None:
         if redundancy_weight < 0:
             raise ValueError(f"redundancy_weight must be ≥ 0, got {redundancy_weight}")
         super().__init__(ratio=ratio, temperature=temperature, **kwargs)
