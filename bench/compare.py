@@ -165,16 +165,36 @@ def prepare_offline(plan: Plan, method: Method, seed: int) -> tuple[Path, float]
     return subset, seconds
 
 
+def method_identity(plan: Plan, method: Method) -> str:
+    """What a run of ``method`` trained with: its method config's text and overrides (not in the config hash)."""
+    if method.offline:
+        return f"offline selector {method.name}\n"
+    text = (ROOT / (method.config or "configs/method/random.yaml")).read_text()
+    return text + "".join(f"override {k}={v}\n" for k, v in plan.overrides.get(method.name, []))
+
+
 def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
-    """Train (or reuse) one method-seed run and return its record for results.json."""
+    """Train (or reuse) one method-seed run and return its record for results.json.
+
+    A finished run is reused only if its recorded ``method.txt`` matches the method's current
+    config: a method config edited after its runs were made is an error, not a silent mix.
+    """
     run_dir = plan.run_dir(method, seed)
     subset, selection_seconds = prepare_offline(plan, method, seed) if method.offline else (None, 0.0)
     metrics_path = run_dir / "metrics.json"
+    identity, recorded = method_identity(plan, method), run_dir / "method.txt"
     if finished(metrics_path, plan.steps):
+        if recorded.exists() and recorded.read_text() != identity:
+            raise SystemExit(
+                f"[bench] {run_dir} holds a finished {method.name} run made with another method config "
+                f"({recorded} differs from the current one): move it aside, e.g. under a name@arg=value variant, "
+                "or use a new --out"
+            )
         print(f"[bench] {method.name} seed {seed}: finished, skipped", flush=True)
     else:
         print(f"[bench] {method.name} seed {seed}: training {plan.steps} steps", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
+        recorded.write_text(identity)
         env = dict(os.environ)
         if plan.args.threads:
             env.update(OMP_NUM_THREADS=str(plan.args.threads), MKL_NUM_THREADS=str(plan.args.threads))

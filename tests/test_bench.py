@@ -96,6 +96,19 @@ def test_rerun_skips_finished_runs(bench_run, tiny_corpus, capsys) -> None:
     assert again["methods"]["random"]["runs"][0]["curve"] == results["methods"]["random"]["runs"][0]["curve"]
 
 
+def test_rerun_refuses_runs_of_an_edited_method_config(bench_run, tiny_corpus) -> None:
+    root, scale, results = bench_run
+    recorded = next((root / "out" / "runs").glob("*/high_loss/seed0/method.txt"))
+    original = recorded.read_text()
+    assert "HighLossSelection" in original
+    recorded.write_text(original.replace("HighLossSelection", "HighLossSelectionV0"))
+    try:
+        with pytest.raises(SystemExit, match="another method config"):
+            bench_compare.main(_args(tiny_corpus, root / "out", scale, "random,high_loss"))
+    finally:
+        recorded.write_text(original)
+
+
 def test_same_seed_same_bpb_at_same_tokens(bench_run, tiny_corpus) -> None:
     root, scale, results = bench_run
     fresh = bench_compare.main(_args(tiny_corpus, root / "fresh", scale, "random", seeds="1"))
