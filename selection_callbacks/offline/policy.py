@@ -22,10 +22,6 @@ The final subset is a Gumbel-top-k draw from the learned scores with the selecti
 
 from __future__ import annotations
 
-import multiprocessing as mp
-import sys
-import time
-from concurrent.futures import ProcessPoolExecutor
 from dataclasses import dataclass, field
 from typing import Any, Protocol
 
@@ -35,7 +31,8 @@ from tqdm.auto import tqdm
 
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection, gumbel_order
 from selection_callbacks.offline.features import FeatureConfig, feature_bank, standardise
-from selection_callbacks.offline.proxy_train import ProxyConfig, TokenStream, pack_documents, target_loss, train_proxy
+from selection_callbacks.offline.proxy_reward import ProxyReward
+from selection_callbacks.offline.proxy_train import ProxyConfig
 
 REPORT_FEATURES = (
     "loss_final", "delta", "distinct_1", "non_ascii", "log_freq", "bos_per_seq", "byte_entropy", "grad_align", "dsir",
@@ -138,81 +135,6 @@ def learn_policy(
     return PolicyResult(weights=w.detach().numpy().copy(), history=history)
 
 
-class _Rollouts:
-    """What one rollout needs: the pool as one token stream, the target stream and the settings."""
-
-    def __init__(self, pool: Corpus, target: Corpus, cfg: PolicyConfig) -> None:
-        self.pool_tokens = np.concatenate([pool.tokens(i) for i in range(len(pool))])
-        self.starts = np.concatenate([[0], np.cumsum(pool.n_tokens)[:-1]])
-        self.n_tokens = pool.n_tokens
-        target_docs = [target.tokens(i) for i in range(len(target))]
-        self.target: TokenStream = pack_documents(target_docs, cfg.rollout_proxy.seq_len)
-        self.proxy, self.tokens, self.windows = cfg.rollout_proxy, cfg.rollout_tokens, cfg.reward_windows
-
-    def reward(self, subset: np.ndarray, seed: int) -> float:
-        """−target loss of a fresh proxy trained on ``subset`` (packed in pool order)."""
-        docs = [self.pool_tokens[self.starts[i] : self.starts[i] + self.n_tokens[i]] for i in np.sort(subset)]
-        model = train_proxy(pack_documents(docs, self.proxy.seq_len), self.proxy, seed, self.tokens).model
-        return -target_loss(model, self.target, self.windows)
-
-
-_WORKER: _Rollouts | None = None
-
-
-def _init_worker(rollouts: _Rollouts) -> None:
-    global _WORKER
-    torch.set_num_threads(1)
-    _WORKER = rollouts
-
-
-def _worker_reward(subset: np.ndarray, seed: int) -> float:
-    return _WORKER.reward(subset, seed)
-
-
-class ProxyReward:
-    """R(S) = −target loss of a fresh proxy trained on S; rollouts in ``workers`` processes.
-
-    Every rollout runs on one torch thread, in this process or a worker, so rewards do not depend
-    on ``workers``. Workers are forked on Linux (no re-import; one thread each, like DataLoader
-    workers, which keeps OpenMP safe after fork) and spawned elsewhere. Use as a context manager
-    so the workers are shut down.
-    """
-
-    def __init__(self, pool: Corpus, target: Corpus, cfg: PolicyConfig) -> None:
-        if cfg.workers < 1:
-            raise ValueError(f"workers must be ≥ 1, got {cfg.workers}")
-        self.rollouts = _Rollouts(pool, target, cfg)
-        self.executor = None
-        if cfg.workers > 1:
-            method = "fork" if sys.platform.startswith("linux") else "spawn"
-            self.executor = ProcessPoolExecutor(
-                cfg.workers, mp_context=mp.get_context(method), initializer=_init_worker, initargs=(self.rollouts,)
-            )
-        self.count, self.seconds = 0, 0.0
-
-    def __call__(self, subsets: list[np.ndarray], seeds: list[int]) -> np.ndarray:
-        start = time.perf_counter()
-        if self.executor is None:
-            threads = torch.get_num_threads()
-            torch.set_num_threads(1)
-            try:
-                out = [self.rollouts.reward(s, seed) for s, seed in zip(subsets, seeds)]
-            finally:
-                torch.set_num_threads(threads)
-        else:
-            out = list(self.executor.map(_worker_reward, subsets, seeds))
-        self.count += len(subsets)
-        self.seconds += time.perf_counter() - start
-        return np.asarray(out)
-
-    def __enter__(self) -> ProxyReward:
-        return self
-
-    def __exit__(self, *exc: object) -> None:
-        if self.executor is not None:
-            self.executor.shutdown()
-
-
 def select_policy(
     pool: Corpus, target: Corpus, budget: Budget, seed: int, cfg: PolicyConfig, progress: bool = True
 ) -> Selection:
@@ -221,7 +143,7 @@ def select_policy(
         raise ValueError(f"noise_repeats must be 0 (skip) or ≥ 2 (a std needs two rollouts), got {cfg.noise_repeats}")
     bank = feature_bank(pool, target, cfg.bank, progress=progress)
     z, mean, std = standardise(bank.matrix(cfg.features))
-    with ProxyReward(pool, target, cfg) as reward:
+    with ProxyReward(pool, target, cfg.rollout_proxy, cfg.rollout_tokens, cfg.reward_windows, cfg.workers) as reward:
         result = learn_policy(
             z, pool.n_tokens, budget, reward, seed, cfg.group_size, cfg.rounds, cfg.lr, progress=progress
         )

@@ -4,6 +4,7 @@
         --target data/default/target.jsonl --budget-tokens 2000000 --seed 0 --out runs/dsir/subset.parquet
     python -m selection_callbacks.offline.select warmup_delta ... --trim_low 2 --trim_high 2
     python -m selection_callbacks.offline.select policy ... --rounds 20 --group_size 8 --workers 2
+    python -m selection_callbacks.offline.select autodata ... --recipe runs/autodata/best_recipe.json
     python -m selection_callbacks.offline.select policy --help      # every option of one method
 
 Budget: ``--budget-docs N`` keeps exactly N documents; ``--budget-tokens B`` keeps the fewest
@@ -30,6 +31,7 @@ import numpy as np
 from jsonargparse import ArgumentParser
 
 from selection_callbacks.data.subset import write_subset
+from selection_callbacks.offline.autodata import AutoDataConfig, select_autodata
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
 from selection_callbacks.offline.datamask import DatamaskConfig, select_datamask
 from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
@@ -58,6 +60,9 @@ SELECTORS: dict[str, Selector] = {
     ),
     "datamask": Selector(
         DatamaskConfig, select_datamask, "DATAMASK: policy-gradient mask learning, λ·quality + (1−λ)·diversity"
+    ),
+    "autodata": Selector(
+        AutoDataConfig, select_autodata, "AutoData: apply a selection recipe (a file or a preset) to the feature bank"
     ),
 }
 

@@ -1,0 +1,346 @@
+"""Who proposes the next AutoData recipe: a random sampler, an evolutionary search, or an agent command.
+
+Every proposer maps (trial history, rng) → a recipe dict; the search validates it like any other,
+so a proposer may return anything and a bad proposal becomes a failed trial. Proposals are a
+function of the history and the trial's seeded rng only, so a resumed search proposes what the
+uninterrupted one would have.
+
+- :class:`RandomProposer`: independent draws from the recipe prior (:func:`random_recipe`).
+- :class:`EvolutionProposer`: the presets and the uniform baseline first, then prior draws until
+  ``n_init`` trials, then the most promising of many candidate children (mutation and crossover
+  of tournament-chosen parents, plus fresh prior draws) under a ridge surrogate fitted to a
+  bootstrap resample of the trials so far; never a recipe already tried.
+- :class:`AgentProposer`: runs a user command (an LLM agent, AIDE-style). It receives on stdin
+  ``{"trial", "history", "features", "categorical", "rules", "schema", "presets", "budget"}`` as
+  JSON and must print one recipe as JSON on stdout.
+"""
+
+from __future__ import annotations
+
+import copy
+import json
+import math
+import subprocess
+from typing import Any, Protocol
+
+import numpy as np
+
+from selection_callbacks.offline import recipe as recipe_module
+from selection_callbacks.offline.recipe import (
+    CATEGORICAL, FEATURES, PRESET_DIR, RULE_DEFAULTS, RULES, RecipeError, load_recipe, validate_recipe,
+)
+
+POSITIVE_SKEWED = ("n_bytes", "n_tokens", "bos_per_seq")
+
+
+class Proposer(Protocol):
+    name: str
+
+    def propose(self, history: list[dict[str, Any]], trial: int, rng: np.random.Generator) -> dict:
+        """The recipe of trial ``trial`` given the finished trials (their records, in trial order)."""
+        ...
+
+
+class ProposalError(RuntimeError):
+    """A proposer could not produce a recipe (agent command failed, printed no JSON, timed out)."""
+
+
+def presets() -> dict[str, dict]:
+    """The paper's recipes shipped as ``configs/recipes/paper_*.json``, by file stem."""
+    return {p.stem: load_recipe(p) for p in sorted(PRESET_DIR.glob("paper_*.json"))}
+
+
+def canonical(recipe: dict) -> str:
+    """A recipe's identity for de-duplication (its validated form, name left out)."""
+    return json.dumps({k: v for k, v in recipe.items() if k != "name"}, sort_keys=True)
+
+
+# ---------------------------------------------------------------- the recipe prior
+
+
+def random_term(rng: np.random.Generator, gate: bool = True) -> dict:
+    feature = str(rng.choice(FEATURES))
+    t: dict[str, Any] = {"feature": feature, "weight": round(float(rng.normal(0.0, 1.0)), 3)}
+    if feature in POSITIVE_SKEWED and rng.random() < 0.7:
+        t["transform"] = "log"
+    shape = str(rng.choice(["linear", "abs", "tri"], p=[0.7, 0.15, 0.15]))
+    if shape != "linear":
+        t["shape"] = shape
+    if shape == "tri":
+        t["centre"], t["width"] = round(float(rng.uniform(-0.8, 0.8)), 3), round(float(rng.uniform(0.3, 1.5)), 3)
+    if rng.random() < 0.1:
+        t["aggregate"] = "cell"
+    if gate and rng.random() < 0.15:
+        t["gate"] = [{"feature": str(rng.choice(FEATURES)), "weight": float(rng.choice([-1.0, 1.0]))}]
+    return t
+
+
+def random_rule(rng: np.random.Generator) -> dict:
+    kind = str(rng.choice(list(RULES)))
+    r: dict[str, Any] = {"kind": kind}
+    if kind == "threshold":
+        r["quantile"] = round(float(rng.uniform(0.1, 0.9)), 3)
+    elif kind == "gumbel":
+        r["temperature"] = round(float(math.exp(rng.uniform(math.log(0.05), math.log(5.0)))), 4)
+    elif kind == "tournament":
+        r["slate"], r["temperature"] = int(rng.integers(2, 9)), round(float(rng.uniform(0.0, 1.0)), 3)
+    elif kind == "quota":
+        r["alpha"], r["temperature"] = round(float(rng.uniform(0.0, 1.0)), 3), round(float(rng.uniform(0.0, 0.5)), 3)
+    return r
+
+
+def random_recipe(rng: np.random.Generator, name: str = "random") -> dict:
+    """A draw from the prior: 1–4 terms, linear (70%) or multiplicative, optional centring, any rule,
+    no backbone (40%) or a backbone share in [0, 0.6]."""
+    return {
+        "name": name,
+        "terms": [random_term(rng) for _ in range(int(rng.integers(1, 5)))],
+        "combine": "linear" if rng.random() < 0.7 else "multiplicative",
+        "cells": [str(c) for c in rng.choice(CATEGORICAL, size=int(rng.integers(1, 3)), replace=False)],
+        "centre": {"shrinkage": round(float(math.exp(rng.uniform(0.0, math.log(100.0)))), 2)} if rng.random() < 0.3 else None,
+        "rule": random_rule(rng),
+        "backbone": 0.0 if rng.random() < 0.4 else round(float(rng.uniform(0.0, 0.6)), 3),
+    }
+
+
+# ---------------------------------------------------------------- mutation
+
+
+def mutate(recipe: dict, rng: np.random.Generator) -> dict:
+    """One random edit of a (validated, term) recipe."""
+    r = copy.deepcopy(recipe)
+    terms = r["terms"]
+    ops = ["weight", "weight", "sign", "add", "drop", "shape", "gate", "rule", "rule_param", "backbone", "centre",
+           "combine", "cells"]
+    op = str(rng.choice(ops))
+    if not terms:
+        op = "add"
+    k = int(rng.integers(len(terms))) if terms else 0
+    if op == "weight":
+        terms[k]["weight"] = round(terms[k]["weight"] * float(math.exp(rng.normal(0, 0.5))) + float(rng.normal(0, 0.2)), 3)
+    elif op == "sign":
+        terms[k]["weight"] = -terms[k]["weight"]
+    elif op == "add" or (op == "drop" and len(terms) < 2):
+        terms.append(random_term(rng))
+    elif op == "drop":
+        terms.pop(k)
+    elif op == "shape":
+        fresh = random_term(rng, gate=False)
+        for key in ("shape", "centre", "width"):
+            terms[k].pop(key, None)
+            if key in fresh:
+                terms[k][key] = fresh[key]
+    elif op == "gate":
+        if "gate" in terms[k]:
+            terms[k].pop("gate")
+        else:
+            terms[k]["gate"] = [{"feature": str(rng.choice(FEATURES)), "weight": float(rng.choice([-1.0, 1.0]))}]
+    elif op == "rule":
+        r["rule"] = random_rule(rng)
+    elif op == "rule_param":
+        kind = r["rule"]["kind"]
+        for key, (lo, hi) in RULES[kind].items():
+            value = r["rule"].get(key, RULE_DEFAULTS[kind][key])
+            if key == "slate":
+                value = int(np.clip(value + rng.choice([-1, 1]), lo, min(hi, 16)))
+            else:
+                value = float(np.clip(value * math.exp(rng.normal(0, 0.5)) + rng.normal(0, 0.05), lo, hi))
+                value = round(value, 4)
+            r["rule"][key] = value
+        if not RULES[kind]:
+            r["rule"] = random_rule(rng)
+    elif op == "backbone":
+        r["backbone"] = round(float(np.clip(r["backbone"] + rng.normal(0, 0.15), 0.0, 0.9)), 3)
+        if r["backbone"] < 0.03:
+            r["backbone"] = 0.0
+    elif op == "centre":
+        r["centre"] = None if r["centre"] else {"shrinkage": round(float(math.exp(rng.uniform(0.0, math.log(100.0)))), 2)}
+    elif op == "combine":
+        r["combine"] = "multiplicative" if r["combine"] == "linear" else "linear"
+    elif op == "cells":
+        r["cells"] = [str(c) for c in rng.choice(CATEGORICAL, size=int(rng.integers(1, 3)), replace=False)]
+    return r
+
+
+def crossover(a: dict, b: dict, rng: np.random.Generator) -> dict:
+    """Terms drawn from both parents (each kept with probability ½, at least one), the rest from one."""
+    pool = copy.deepcopy(a["terms"] + b["terms"])
+    keep = [t for t in pool if rng.random() < 0.5] or [pool[int(rng.integers(len(pool)))]]
+    child = copy.deepcopy(a if rng.random() < 0.5 else b)
+    child["terms"] = keep[:6]
+    return child
+
+
+class RandomProposer:
+    """Independent draws from the recipe prior (the uniform baseline first, so scores share a reference)."""
+
+    name = "random"
+
+    def propose(self, history: list[dict[str, Any]], trial: int, rng: np.random.Generator) -> dict:
+        if trial == 0:
+            return load_recipe("uniform")
+        return random_recipe(rng, name=f"random-{trial}")
+
+
+def recipe_vector(recipe: dict) -> np.ndarray:
+    """φ(recipe) for the surrogate: per feature the summed signed weight of its plain linear terms and
+    the summed |weight| of its other uses (abs, tri, cell, gated); the rule kind (one-hot); the
+    backbone share; centring; multiplicative; terms / 4."""
+    F = len(FEATURES)
+    v = np.zeros(2 * F + len(RULES) + 4)
+    terms = recipe.get("terms") or []
+    for t in terms:
+        j = FEATURES.index(t["feature"])
+        w = float(np.clip(t["weight"], -3.0, 3.0))
+        plain = t.get("shape", "linear") == "linear" and t.get("aggregate", "doc") == "doc" and "gate" not in t
+        v[j if plain else F + j] += w if plain else abs(w)
+    v[2 * F + list(RULES).index(recipe.get("rule", {"kind": "top"})["kind"])] = 1.0
+    v[-4:] = [recipe.get("backbone", 0.0), recipe.get("centre") is not None,
+              recipe.get("combine") == "multiplicative", len(terms) / 4]
+    return v
+
+
+def thompson_pick(candidates: np.ndarray, X: np.ndarray, y: np.ndarray, rng: np.random.Generator,
+                  ridge: float = 1.0) -> int:
+    """Index of the candidate with the lowest score predicted by ridge regression on a bootstrap
+    resample of the history (Thompson sampling: the resample is the exploration)."""
+    idx = rng.integers(len(y), size=len(y))
+    Xb, yb = X[idx], y[idx]
+    mean_x, mean_y = Xb.mean(0), yb.mean()
+    Xc = Xb - mean_x
+    beta = np.linalg.solve(Xc.T @ Xc + ridge * np.eye(X.shape[1]), Xc.T @ (yb - mean_y))
+    return int(np.argmin((candidates - mean_x) @ beta))
+
+
+class EvolutionProposer:
+    """Surrogate-screened evolution: seeds (uniform, presets), prior draws, then the most promising of
+    ``screen`` candidate children.
+
+    After ``n_init`` trials each proposal draws ``screen`` novel candidates, each a child of
+    tournament-chosen parents (crossover with probability ``p_crossover``, then 1–2 mutations) or,
+    with probability ``p_random``, a prior draw, and keeps the one a ridge regression on
+    :func:`recipe_vector`, fitted to a bootstrap resample of the finished trials, predicts lowest
+    (:func:`thompson_pick`). ``screen=1`` is plain evolution.
+
+    Args:
+        n_init: trials before evolution starts (the seeds count towards it).
+        tournament: parents are the best of this many successful trials drawn at random.
+        p_random: share of candidates drawn fresh from the prior.
+        p_crossover: share of children made by crossover before mutation.
+        screen: candidates per proposal ranked by the surrogate.
+    """
+
+    name = "evolution"
+
+    def __init__(self, n_init: int = 8, tournament: int = 3, p_random: float = 0.25, p_crossover: float = 0.2,
+                 screen: int = 256) -> None:
+        if screen < 1:
+            raise ValueError(f"screen must be ≥ 1, got {screen}")
+        self.n_init, self.tournament, self.p_random = n_init, tournament, p_random
+        self.p_crossover, self.screen = p_crossover, screen
+
+    def seeds(self) -> list[dict]:
+        return [load_recipe("uniform"), *presets().values()]
+
+    def propose(self, history: list[dict[str, Any]], trial: int, rng: np.random.Generator) -> dict:
+        seeds = self.seeds()
+        if trial < len(seeds):
+            return seeds[trial]
+        scored = [h for h in history if h["status"] == "ok" and h["recipe"] and "terms" in h["recipe"]]
+        ok = [h for h in scored if h["recipe"]["terms"]]
+        if trial < self.n_init or not ok:
+            return random_recipe(rng, name=f"random-{trial}")
+        seen = {canonical(h["recipe"]) for h in history if h.get("recipe")}
+        candidates: list[dict] = []
+        for _ in range(20 * self.screen):
+            if len(candidates) == self.screen:
+                break
+            child = self._candidate(ok, trial, rng)
+            if child is not None and canonical(child) not in seen:
+                seen.add(canonical(child))
+                candidates.append(child)
+        if not candidates:
+            return random_recipe(rng, name=f"random-{trial}")
+        if len(candidates) == 1:
+            return candidates[0]
+        X = np.stack([recipe_vector(h["recipe"]) for h in scored])
+        y = np.asarray([h["score"] for h in scored])
+        return candidates[thompson_pick(np.stack([recipe_vector(c) for c in candidates]), X, y, rng)]
+
+    def _candidate(self, ok: list[dict[str, Any]], trial: int, rng: np.random.Generator) -> dict | None:
+        if rng.random() < self.p_random:
+            return validate_recipe(random_recipe(rng, name=f"random-{trial}"))
+
+        def parent() -> dict:
+            picks = rng.choice(len(ok), size=min(self.tournament, len(ok)), replace=False)
+            return min((ok[int(i)] for i in picks), key=lambda h: h["score"])
+
+        first = parent()
+        child = crossover(first["recipe"], parent()["recipe"], rng) if rng.random() < self.p_crossover else first["recipe"]
+        for _ in range(int(rng.integers(1, 3))):
+            child = mutate(child, rng)
+        try:
+            return validate_recipe({**child, "name": f"child-{trial}-of-{first['trial']}"})
+        except RecipeError:
+            return None
+
+
+class AgentProposer:
+    """Runs ``command`` (a shell command) with the search state as JSON on stdin; reads one recipe from stdout.
+
+    Args:
+        command: e.g. ``"python my_agent.py"``; it sees ``{"trial", "history", "features", ...}``.
+        timeout: seconds the command may take.
+        context: extra fields of the payload (feature statistics, the budget).
+    """
+
+    name = "agent"
+
+    def __init__(self, command: str, timeout: float = 300.0, context: dict[str, Any] | None = None) -> None:
+        if not command.strip():
+            raise ValueError("the agent proposer needs a command")
+        self.command, self.timeout, self.context = command, timeout, context or {}
+
+    def payload(self, history: list[dict[str, Any]], trial: int) -> dict[str, Any]:
+        return {
+            "trial": trial,
+            "history": history,
+            "features": list(FEATURES),
+            "categorical": list(CATEGORICAL),
+            "rules": {k: list(v) for k, v in RULES.items()},
+            "schema": recipe_module.__doc__,
+            "presets": presets(),
+            **self.context,
+        }
+
+    def propose(self, history: list[dict[str, Any]], trial: int, rng: np.random.Generator) -> dict:
+        try:
+            done = subprocess.run(
+                self.command, shell=True, input=json.dumps(self.payload(history, trial)), capture_output=True,
+                text=True, timeout=self.timeout,
+            )
+        except subprocess.TimeoutExpired as e:
+            raise ProposalError(f"agent command timed out after {self.timeout:g} s") from e
+        if done.returncode != 0:
+            raise ProposalError(f"agent command exited with {done.returncode}: {done.stderr.strip()[-500:]}")
+        try:
+            recipe = json.loads(done.stdout)
+        except json.JSONDecodeError as e:
+            raise ProposalError(f"agent printed no JSON recipe ({e}): {done.stdout.strip()[:300]!r}") from e
+        if not isinstance(recipe, dict):
+            raise ProposalError(f"agent printed {type(recipe).__name__}, not a recipe object")
+        return recipe
+
+
+def make_proposer(name: str, agent_command: str | None = None, agent_timeout: float = 300.0,
+                  context: dict[str, Any] | None = None) -> Proposer:
+    """``random`` | ``evolution`` | ``agent`` (needs ``agent_command``)."""
+    if name == "random":
+        return RandomProposer()
+    if name == "evolution":
+        return EvolutionProposer()
+    if name == "agent":
+        if not agent_command:
+            raise ValueError("--proposer agent needs --agent-command, the command that prints a recipe")
+        return AgentProposer(agent_command, agent_timeout, context)
+    raise ValueError(f"unknown proposer {name!r}; available: random, evolution, agent")
