@@ -282,3 +282,19 @@ def test_adamw_map_stays_bounded_on_unseen_embedding_rows() -> None:
     scale = P.C * P.D
     # untouched rows are capped by the tensor floor: 1/√(0.01·mean v) instead of lr/ε (~1e5 × the touched rows)
     assert float(scale.max() / scale.min()) == pytest.approx((1 / (0.01 * 3 / 64)) ** 0.5, rel=1e-3)
+
+
+def test_layer_patterns_score_a_subset_with_the_same_utilities() -> None:
+    from selection_callbacks.scoring.ghost_callback import excluded_layers
+
+    model, opt = trained("muon")
+    full = GhostEngine(model).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
+    exclude = excluded_layers(model, False, False, ["blocks.1.*"])
+    assert exclude == ("blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc", "blocks.0.mlp.proj")
+    late = GhostEngine(model, exclude=exclude).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
+    assert set(late.layer_utilities) == {n for n in full.layer_utilities if n.startswith("blocks.1.")}
+    for name, u in late.layer_utilities.items():
+        torch.testing.assert_close(u, full.layer_utilities[name])
+    assert excluded_layers(model, False, False, None) == ()
+    with pytest.raises(ValueError, match=r"match none of the scorable layers: \['blocks.0.attn.qkv'"):
+        excluded_layers(model, False, False, ["block.*"])

@@ -147,3 +147,12 @@ def test_opus_with_a_proxy_file(tiny_corpus) -> None:
     selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=128, proxy=tiny_corpus["target"])
     _fit(tiny_corpus, selector, steps=3)
     assert selector.selections == 3
+
+
+def test_opus_scores_only_the_named_layers(tiny_corpus) -> None:
+    selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=64, layers=["blocks.1.mlp.*"])
+    _fit(tiny_corpus, selector, steps=2)
+    assert [n for n, _ in selector.engine.layers] == ["blocks.1.mlp.fc", "blocks.1.mlp.proj"]
+    assert set(selector._last.layer_utilities) == {"blocks.1.mlp.fc", "blocks.1.mlp.proj"}
+    with pytest.raises(ValueError, match="at least one pattern"):
+        OPUSSelection(layers=[])

@@ -44,12 +44,13 @@ class GreatsSelection(GhostSelection):
         proxy: str | None = None,
         include_embedding: bool = False,
         include_head: bool = False,
+        layers: list[str] | None = None,
         sketch: str = "tensor",
         seed: int = 0,
         k: int | None = None,
     ) -> None:
         super().__init__(
-            ratio, score_len, sketch_dim, proxy_batch_size, proxy, include_embedding, include_head, sketch,
+            ratio, score_len, sketch_dim, proxy_batch_size, proxy, include_embedding, include_head, layers, sketch,
             temperature=0.0, seed=seed, k=k,
         )
 

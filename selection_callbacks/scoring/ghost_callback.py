@@ -9,6 +9,7 @@ global superbatch under DDP.
 
 from __future__ import annotations
 
+import fnmatch
 from abc import abstractmethod
 from collections.abc import MutableMapping
 from typing import Any
@@ -23,9 +24,22 @@ from selection_callbacks.core.rng import derived_seed, micro_batch_generator
 from selection_callbacks.data.datamodule import default_cache_dir
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.token_bin import load_token_bin
-from selection_callbacks.scoring.ghost import GhostEngine, GhostScores, Resolver, check_precision
+from selection_callbacks.scoring.ghost import GhostEngine, GhostScores, Resolver, check_precision, scored_layers
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.windows import score_windows
+
+
+def excluded_layers(
+    module: torch.nn.Module, include_embedding: bool, include_head: bool, patterns: list[str] | None
+) -> tuple[str, ...]:
+    """Names of the scorable layers that match none of ``patterns`` (nothing when patterns is None)."""
+    names = [name for name, _ in scored_layers(module, include_embedding, include_head)]
+    if patterns is None:
+        return ()
+    keep = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    if not keep:
+        raise ValueError(f"layers={patterns} match none of the scorable layers: {names}")
+    return tuple(n for n in names if n not in keep)
 
 
 class GhostSelection(SelectionCallback):
@@ -39,6 +53,9 @@ class GhostSelection(SelectionCallback):
         proxy: a proxy file (jsonl/parquet/text); default: the datamodule's target split.
         include_embedding: also score the token embedding.
         include_head: also score the output head.
+        layers: glob patterns of module names to score (e.g. ``["blocks.3.*"]``); None = all of the
+            above. The scoring backward stops at the earliest scored layer, so scoring only late
+            layers is cheaper.
         sketch: ``"tensor"``, ``"count"`` or ``"two_sided"`` (see :class:`GhostEngine`).
         temperature: τ of the sequential draws (0: greedy).
         seed: selection seed (windows, proxy draws, sampling).
@@ -55,6 +72,7 @@ class GhostSelection(SelectionCallback):
         proxy: str | None = None,
         include_embedding: bool = False,
         include_head: bool = False,
+        layers: list[str] | None = None,
         sketch: str = "tensor",
         temperature: float = 1.0,
         seed: int = 0,
@@ -67,6 +85,9 @@ class GhostSelection(SelectionCallback):
         self.score_len, self.sketch_dim, self.proxy_batch_size = score_len, sketch_dim, proxy_batch_size
         self.proxy_path, self.sketch = proxy, sketch
         self.include_embedding, self.include_head = include_embedding, include_head
+        if layers is not None and not layers:
+            raise ValueError("layers must name at least one pattern (None scores every layer)")
+        self.layers = list(layers) if layers is not None else None
         self.engine: GhostEngine | None = None
         self._proxy_split: PackedSplit | None = None
         self._last: GhostScores | None = None
@@ -76,8 +97,10 @@ class GhostSelection(SelectionCallback):
         check_precision(trainer)
         module = getattr(pl_module, "model", None)
         module = module if isinstance(module, torch.nn.Module) else pl_module
+        exclude = excluded_layers(module, self.include_embedding, self.include_head, self.layers)
         self.engine = GhostEngine(
-            module, self.include_embedding, self.include_head, self.sketch_dim, self.sketch  # type: ignore[arg-type]
+            module, self.include_embedding, self.include_head, self.sketch_dim, self.sketch,  # type: ignore[arg-type]
+            exclude=exclude,
         )
         if self.proxy_path is not None:
             self._proxy_split = self._load_proxy(getattr(trainer, "datamodule", None))
