@@ -298,3 +298,16 @@ def test_layer_patterns_score_a_subset_with_the_same_utilities() -> None:
     assert excluded_layers(model, False, False, None) == ()
     with pytest.raises(ValueError, match=r"match none of the scorable layers: \['blocks.0.attn.qkv'"):
         excluded_layers(model, False, False, ["block.*"])
+
+
+@pytest.mark.parametrize("shape", [(128, 512), (384, 128), (64, 64)])
+def test_muon_factor_equals_the_explicit_iteration(shape) -> None:
+    u = torch.randn(*shape, generator=torch.Generator().manual_seed(1), dtype=torch.float64)
+    a, b, c = (3.4445, -4.7750, 2.0315)
+    x = (u.T if shape[0] > shape[1] else u) / u.norm()
+    x0 = x.clone()
+    for _ in range(5):  # the textbook iteration on the d×n matrix, in float64
+        A = x @ x.T
+        x = (a * torch.eye(A.shape[0], dtype=A.dtype) + b * A + c * A @ A) @ x
+    L, norm, tall = newton_schulz_left_factor(u, (a, b, c), 5, 1e-7)
+    assert float((L.double() @ x0 - x).norm() / x.norm()) < 1e-4

@@ -124,19 +124,25 @@ class MuonMap:
 def newton_schulz_left_factor(
     u: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
-    """(L, ‖u‖_F, tall): NS(u) = L·(u/‖u‖) in the wide orientation, computed in float32."""
+    """(L, ‖u‖_F, tall): NS(u) = L·(u/‖u‖) in the wide orientation, computed in float32.
+
+    Iterates on d×d matrices only (d the short side): with X_k = L_k X₀ and L_k a polynomial in
+    A₀ = X₀X₀ᵀ (so they commute), A_k = X_k X_kᵀ = L_k² A₀ and each step S = aI + bA_k + cA_k²
+    gives L ← S L, A ← S² A_k: four d×d products a step instead of two d×n ones and two d×d.
+    """
     tall = u.shape[0] > u.shape[1]
     x = (u.T if tall else u).float()
     norm = x.norm().clamp(min=eps)  # a 0-dim tensor: no device sync
     x = x / norm
     a, b, c = coefficients
-    L = torch.eye(x.shape[0], device=x.device, dtype=x.dtype)
+    eye = torch.eye(x.shape[0], device=x.device, dtype=x.dtype)
+    A = x @ x.T
+    L = eye
     for _ in range(steps):
-        A = x @ x.T
-        step = a * torch.eye(A.shape[0], device=A.device, dtype=A.dtype) + b * A + c * (A @ A)
-        x = step @ x
-        L = step @ L
-    return L, norm, tall
+        S = torch.addmm(a * eye + b * A, A, A, alpha=c)
+        L = S @ L
+        A = S @ (S @ A)
+    return (L + L.T) / 2, norm, tall  # L is symmetric in exact arithmetic; keep it so in float32
 
 
 def _adamw_map(opt: torch.optim.Optimizer, group: dict, p: torch.nn.Parameter, gbar: torch.Tensor) -> DiagonalMap:
