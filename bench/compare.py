@@ -153,22 +153,25 @@ def prepare_offline(plan: Plan, method: Method, seed: int) -> tuple[Path, float]
     """Run an offline selector once per seed (cached); returns its subset file and selection seconds."""
     folder = Path(plan.args.out) / "prepare" / plan.config_hash / method.name / f"seed{seed}"
     done = folder / "prepare.json"
+    identity = method_identity(plan, method)
     if done.exists():
         info = json.loads(done.read_text())
-        return Path(info["subset"]), float(info["seconds"])
+        if info.get("identity", identity) == identity:
+            return Path(info["subset"]), float(info["seconds"])
+        print(f"[bench] {method.name} seed {seed}: its inputs changed since the subset was made; selecting again")
     folder.mkdir(parents=True, exist_ok=True)
     budget = plan.steps * plan.tokens_per_step  # tokens the run will train on
     start = time.perf_counter()
     subset = method.select(plan.args.pool, plan.args.target, budget, seed, folder)
     seconds = time.perf_counter() - start
-    done.write_text(json.dumps({"subset": str(subset), "seconds": seconds}))
+    done.write_text(json.dumps({"subset": str(subset), "seconds": seconds, "identity": identity}))
     return subset, seconds
 
 
 def method_identity(plan: Plan, method: Method) -> str:
     """What a run of ``method`` trained with: its method config's text and overrides (not in the config hash)."""
     if method.offline:
-        return f"offline selector {method.name}\n"
+        return f"offline selector {method.name}\n" + "".join(f"{f}:\n{(ROOT / f).read_text()}" for f in method.inputs)
     text = (ROOT / (method.config or "configs/method/random.yaml")).read_text()
     return text + "".join(f"override {k}={v}\n" for k, v in plan.overrides.get(method.name, []))
 

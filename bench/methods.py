@@ -28,11 +28,14 @@ class Method:
         name: the ``--methods`` name.
         config: online: path of its method YAML (relative to the repository root).
         select: offline: the selector that writes a subset file.
+        inputs: offline: files (relative to the repository root) the selector reads besides the
+            data, e.g. a recipe; their text is part of the method's identity.
     """
 
     name: str
     config: str | None = None
     select: OfflineSelector | None = None
+    inputs: tuple[str, ...] = ()
 
     @property
     def offline(self) -> bool:
@@ -55,11 +58,13 @@ REGISTRY: dict[str, Method] = {
     "warmup_delta": Method("warmup_delta", select=partial(bench_select, "warmup_delta")),
     "policy": Method("policy", select=partial(bench_select, "policy")),
     "datamask": Method("datamask", select=partial(bench_select, "datamask")),
+    # the recipe exported by the AutoData search (bench/results/autodata), applied with each seed
+    "autodata": Method(
+        "autodata", select=partial(bench_select, "autodata"), inputs=("configs/recipes/autodata_best.json",)
+    ),
 }
 
-PLANNED = (
-    "autodata",
-)
+PLANNED: tuple[str, ...] = ()
 
 
 def resolve(names: list[str]) -> list[Method]:

@@ -118,9 +118,7 @@ def test_same_seed_same_bpb_at_same_tokens(bench_run, tiny_corpus) -> None:
     assert results["methods"]["random"]["runs"][0]["final_val_bpb"] != results["methods"]["random"]["runs"][1]["final_val_bpb"]
 
 
-def test_unknown_and_unlanded_methods() -> None:
-    with pytest.raises(SystemExit, match="'autodata' has not landed yet; available: random"):
-        resolve(["random", "autodata"])
+def test_unknown_methods() -> None:
     with pytest.raises(SystemExit, match="'nope' is unknown"):
         resolve(["random", "nope"])
     with pytest.raises(SystemExit, match="include 'random'"):
@@ -157,3 +155,46 @@ def test_method_variants_pass_selection_overrides(tiny_corpus, tmp_path) -> None
     assert "--selection.init_args.temperature" not in plan.train_command(methods[0], 0, None)
     with pytest.raises(SystemExit, match="expected name@arg=value"):
         bench_compare.resolve_variants(["random", "opus@temperature"])
+
+
+def test_steptime_ratios_from_interleaved_runs(bench_run, tiny_corpus) -> None:
+    from bench import steptime
+
+    root, scale, _ = bench_run
+    out = root / "steptime"
+    result = steptime.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val",
+                            tiny_corpus["val"], "--methods", "random,high_loss", "--steps", "6", "--evals", "3",
+                            "--repeats", "2", "--scale", str(scale), "--out", str(out)])
+    m = result["methods"]
+    assert m["random"]["ratios"] == [1.0, 1.0] and len(m["high_loss"]["ratios"]) == 2
+    for name in ("random", "high_loss"):
+        for run in m[name]["runs"]:
+            assert run["step_seconds"] > 0
+    assert m["high_loss"]["selection_fraction_median"] > m["random"]["selection_fraction_median"]
+    assert "| high_loss |" in (out / "steptime.md").read_text()
+    with pytest.raises(SystemExit, match="offline selector"):
+        steptime.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val", tiny_corpus["val"],
+                       "--methods", "random,dsir", "--out", str(out)])
+
+
+def test_offline_prepare_reselects_when_its_inputs_change(tiny_corpus, tmp_path) -> None:
+    scale = tmp_path / "tiny.yaml"
+    scale.write_text(TINY_SCALE)
+    recipe = tmp_path / "recipe.json"
+    recipe.write_text('{"v": 1}')
+    calls = []
+
+    def counting(pool, target, budget, seed, out):
+        calls.append(recipe.read_text())
+        return first_docs_selector(pool, target, budget, seed, out)
+
+    method = Method("counted", select=counting, inputs=(str(recipe),))
+    plan = bench_compare.Plan(bench_compare.build_parser().parse_args(
+        _args(tiny_corpus, tmp_path / "out", scale, "random")))
+    first, _ = bench_compare.prepare_offline(plan, method, 0)
+    bench_compare.prepare_offline(plan, method, 0)
+    assert calls == ['{"v": 1}']  # cached
+    recipe.write_text('{"v": 2}')
+    again, _ = bench_compare.prepare_offline(plan, method, 0)
+    assert calls == ['{"v": 1}', '{"v": 2}'] and again == first
+    assert '{"v": 2}' in bench_compare.method_identity(plan, method)

@@ -90,6 +90,8 @@ class SearchConfig:
         proposer: ``evolution`` (built in, offline), ``random`` (prior draws) or ``agent``.
         agent_command: shell command of the agent proposer (JSON history on stdin, recipe on stdout).
         agent_timeout: seconds the agent may take per proposal.
+        n_init: evolution: trials before children are proposed (uniform, presets, prior draws).
+        seed_presets: evolution: run the paper's presets early and let them compete as parents.
         batch: trials proposed together from the same history (results do not depend on ``workers``).
         workers: parallel proxy-training processes.
         seed: proposal and selection seed.
@@ -107,6 +109,8 @@ class SearchConfig:
     proposer: str = "evolution"
     agent_command: str | None = None
     agent_timeout: float = 300.0
+    n_init: int = 8
+    seed_presets: bool = True
     batch: int = 2
     workers: int = 2
     seed: int = 0
@@ -182,7 +186,9 @@ class Search:
         self.check_settings()
         self.table: FeatureTable = feature_table(feature_bank(pool, target, cfg.bank, progress=progress), pool)
         context = {"budget": asdict(budget), "feature_summary": self.feature_summary()}
-        self.proposer = proposer or make_proposer(cfg.proposer, cfg.agent_command, cfg.agent_timeout, context)
+        self.proposer = proposer or make_proposer(
+            cfg.proposer, cfg.agent_command, cfg.agent_timeout, context, cfg.n_init, cfg.seed_presets
+        )
 
     def check_settings(self) -> None:
         path = self.out / "search.json"

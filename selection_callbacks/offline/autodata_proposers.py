@@ -31,6 +31,7 @@ from selection_callbacks.offline.recipe import (
 )
 
 POSITIVE_SKEWED = ("n_bytes", "n_tokens", "bos_per_seq")
+MAX_TERMS = 4
 
 
 class Proposer(Protocol):
@@ -115,6 +116,8 @@ def mutate(recipe: dict, rng: np.random.Generator) -> dict:
     op = str(rng.choice(ops))
     if not terms:
         op = "add"
+    elif op == "add" and len(terms) >= MAX_TERMS:
+        op = "drop"  # parsimony: children do not outgrow the prior's largest recipes
     k = int(rng.integers(len(terms))) if terms else 0
     if op == "weight":
         terms[k]["weight"] = round(terms[k]["weight"] * float(math.exp(rng.normal(0, 0.5))) + float(rng.normal(0, 0.2)), 3)
@@ -163,12 +166,25 @@ def mutate(recipe: dict, rng: np.random.Generator) -> dict:
 
 
 def crossover(a: dict, b: dict, rng: np.random.Generator) -> dict:
-    """Terms drawn from both parents (each kept with probability ½, at least one), the rest from one."""
+    """Terms drawn from both parents (each kept with probability ½, at least one, at most MAX_TERMS),
+    the rest from one parent."""
     pool = copy.deepcopy(a["terms"] + b["terms"])
     keep = [t for t in pool if rng.random() < 0.5] or [pool[int(rng.integers(len(pool)))]]
     child = copy.deepcopy(a if rng.random() < 0.5 else b)
-    child["terms"] = keep[:6]
+    child["terms"] = merge_terms(keep)[:MAX_TERMS]
     return child
+
+
+def merge_terms(terms: list[dict]) -> list[dict]:
+    """Terms that differ only in weight become one term with the summed weight."""
+    merged: dict[str, dict] = {}
+    for t in terms:
+        key = json.dumps({k: v for k, v in t.items() if k != "weight"}, sort_keys=True)
+        if key in merged:
+            merged[key]["weight"] = round(merged[key]["weight"] + t["weight"], 3)
+        else:
+            merged[key] = copy.deepcopy(t)
+    return list(merged.values())
 
 
 class RandomProposer:
@@ -228,19 +244,21 @@ class EvolutionProposer:
         p_random: share of candidates drawn fresh from the prior.
         p_crossover: share of children made by crossover before mutation.
         screen: candidates per proposal ranked by the surrogate.
+        seed_presets: run the paper's presets right after the uniform recipe (they then compete
+            as parents); False leaves them out of the search.
     """
 
     name = "evolution"
 
-    def __init__(self, n_init: int = 8, tournament: int = 3, p_random: float = 0.25, p_crossover: float = 0.2,
-                 screen: int = 256) -> None:
+    def __init__(self, n_init: int = 8, tournament: int = 3, p_random: float = 0.5, p_crossover: float = 0.2,
+                 screen: int = 256, seed_presets: bool = True) -> None:
         if screen < 1:
             raise ValueError(f"screen must be ≥ 1, got {screen}")
         self.n_init, self.tournament, self.p_random = n_init, tournament, p_random
-        self.p_crossover, self.screen = p_crossover, screen
+        self.p_crossover, self.screen, self.seed_presets = p_crossover, screen, seed_presets
 
     def seeds(self) -> list[dict]:
-        return [load_recipe("uniform"), *presets().values()]
+        return [load_recipe("uniform"), *(presets().values() if self.seed_presets else [])]
 
     def propose(self, history: list[dict[str, Any]], trial: int, rng: np.random.Generator) -> dict:
         seeds = self.seeds()
@@ -333,12 +351,12 @@ class AgentProposer:
 
 
 def make_proposer(name: str, agent_command: str | None = None, agent_timeout: float = 300.0,
-                  context: dict[str, Any] | None = None) -> Proposer:
-    """``random`` | ``evolution`` | ``agent`` (needs ``agent_command``)."""
+                  context: dict[str, Any] | None = None, n_init: int = 8, seed_presets: bool = True) -> Proposer:
+    """``random`` | ``evolution`` (``n_init``, ``seed_presets``) | ``agent`` (needs ``agent_command``)."""
     if name == "random":
         return RandomProposer()
     if name == "evolution":
-        return EvolutionProposer()
+        return EvolutionProposer(n_init=n_init, seed_presets=seed_presets)
     if name == "agent":
         if not agent_command:
             raise ValueError("--proposer agent needs --agent-command, the command that prints a recipe")

@@ -1,0 +1,120 @@
+"""Per-step training time of methods relative to random, measured in one interleaved run.
+
+    python -m bench.steptime --pool P --target T --val V --methods random,opus,opus@sketch_dim=128 \
+        --steps 120 --repeats 3 --optimizer muon --threads 1 --out bench/results/steptime/cpu-tiny-muon
+
+Each (repeat, method) is a short ``train.py`` run (the comparison's command); repeats rotate the
+method order so drifting machine load hits every method alike. A run's step time is the slope of
+its training wall-clock (validation excluded) between its first and last validation, so fixed
+costs (start-up, a reference pretrained at the start) drop out; they are reported separately as
+the intercept. Ratios to random are taken within a repeat, then the median over repeats.
+Writes ``steptime.json`` and ``steptime.md`` into ``--out``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+from typing import Any
+
+from bench.compare import Plan, build_parser as compare_parser, resolve_variants
+from bench.methods import ROOT
+
+
+def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
+    """Slope (seconds per step) and intercept of training wall-clock over the validation points."""
+    m = json.loads((run_dir / "metrics.json").read_text())
+    walls = [w for _, w, _ in m["curve"]]
+    if len(walls) < 2:
+        raise SystemExit(f"{run_dir}: fewer than two validation points; raise --steps or --evals")
+    per_step = (walls[-1] - walls[0]) / ((len(walls) - 1) * eval_every)
+    sel = m.get("selection") or {}
+    return {
+        "step_seconds": per_step,
+        "fixed_seconds": walls[0] - per_step * eval_every,
+        "wall_seconds": m["wall_seconds"],
+        "selection_fraction": float(sel.get("overhead_seconds", 0.0)) / m["wall_seconds"] if m["wall_seconds"] else 0.0,
+    }
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = argparse.ArgumentParser(prog="python -m bench.steptime", description=__doc__.split("\n\n")[0])
+    p.add_argument("--pool", required=True)
+    p.add_argument("--target", required=True)
+    p.add_argument("--val", required=True)
+    p.add_argument("--methods", required=True, help="comma-separated, random included; name@arg=value variants")
+    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--evals", type=int, default=4, help="validation points per run (the slope's support)")
+    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--ratio", type=float, default=0.5)
+    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
+    p.add_argument("--scale", default="cpu-tiny")
+    p.add_argument("--threads", type=int, default=1)
+    p.add_argument("--out", required=True)
+    a = p.parse_args(argv)
+    names = [s.strip() for s in a.methods.split(",") if s.strip()]
+    methods, overrides = resolve_variants(names)
+    if any(m.offline for m in methods):
+        raise SystemExit("step time is for online methods; an offline selector trains like random")
+    probe = compare_parser().parse_args(["--pool", a.pool, "--target", a.target, "--val", a.val, "--tokens", "1",
+                                         "--scale", a.scale, "--out", a.out])
+    tokens = a.steps * Plan(probe).tokens_per_step
+    args = compare_parser().parse_args([
+        "--pool", a.pool, "--target", a.target, "--val", a.val, "--tokens", str(tokens), "--ratio", str(a.ratio),
+        "--optimizer", a.optimizer, "--scale", a.scale, "--evals", str(a.evals), "--threads", str(a.threads),
+        "--out", a.out, "--", "--data.val_samples", "16",
+    ])
+    plan = Plan(args)
+    plan.overrides = overrides
+    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "MKL_NUM_THREADS": str(a.threads)}
+    rows: dict[str, list[dict[str, float]]] = {m.name: [] for m in methods}
+    for r in range(a.repeats):
+        order = methods[r % len(methods):] + methods[: r % len(methods)]
+        for method in order:
+            run_dir = plan.run_dir(method, r)
+            run_dir.mkdir(parents=True, exist_ok=True)
+            with open(run_dir / "train.log", "w") as log:
+                proc = subprocess.run(plan.train_command(method, r, None), cwd=ROOT, stdout=log,
+                                      stderr=subprocess.STDOUT, env=env)
+            if proc.returncode != 0:
+                raise SystemExit(f"[steptime] {method.name} repeat {r} failed; see {run_dir / 'train.log'}")
+            rows[method.name].append(measure(run_dir, plan.eval_every))
+            print(f"[steptime] repeat {r} {method.name}: {rows[method.name][-1]['step_seconds'] * 1e3:.1f} ms/step",
+                  flush=True)
+    base = rows["random"]
+    summary = {}
+    for name, runs in rows.items():
+        ratios = [x["step_seconds"] / b["step_seconds"] for x, b in zip(runs, base)]
+        summary[name] = {
+            "step_ms_median": 1e3 * statistics.median(x["step_seconds"] for x in runs),
+            "ratio_to_random_median": statistics.median(ratios),
+            "ratios": ratios,
+            "fixed_seconds_median": statistics.median(x["fixed_seconds"] for x in runs),
+            "selection_fraction_median": statistics.median(x["selection_fraction"] for x in runs),
+            "runs": runs,
+        }
+    out = Path(a.out)
+    result = {"config": {**vars(a), "eval_every": plan.eval_every, "tokens_per_step": plan.tokens_per_step},
+              "methods": summary}
+    (out / "steptime.json").write_text(json.dumps(result, indent=1))
+    lines = [f"# Step time vs random ({a.scale}, {a.optimizer}, ratio {a.ratio}, {a.threads} thread(s), "
+             f"{a.steps} steps × {a.repeats} interleaved repeats)", "",
+             f"`{' '.join(['python -m bench.steptime', *(argv if argv is not None else sys.argv[1:])])}`", "",
+             "| method | ms / step | × random (median of per-repeat ratios) | per-repeat | fixed s | selection share |",
+             "|---|---:|---:|---|---:|---:|"]
+    for name, s in summary.items():
+        lines.append(f"| {name} | {s['step_ms_median']:.1f} | {s['ratio_to_random_median']:.2f} | "
+                     f"{', '.join(f'{x:.2f}' for x in s['ratios'])} | {s['fixed_seconds_median']:.1f} | "
+                     f"{s['selection_fraction_median']:.0%} |")
+    (out / "steptime.md").write_text("\n".join(lines) + "\n")
+    print("\n".join(lines))
+    return result
+
+
+if __name__ == "__main__":
+    main()
