@@ -317,7 +317,8 @@ def build_parser() -> ArgumentParser:
     s.add_class_arguments(SearchConfig, None)
     sub.add_subcommand("search", s, help="run or resume a search")
     r = ArgumentParser(description="leaderboard, feature usage and score-vs-trial plot of searches")
-    r.add_argument("dirs", nargs="+", help="search folders; the first gets report.md and the plot")
+    r.add_argument("dirs", nargs="+", help="search folders; the first one's leaderboard and usage are shown")
+    r.add_argument("--out", default=None, help="folder for report.md and the plot (default: the first search)")
     sub.add_subcommand("report", r, help="write the report of one or more searches")
     sub.add_subcommand("schema", ArgumentParser(description="print the recipe schema"), help="print the recipe schema")
     return p
@@ -330,7 +331,7 @@ def main(argv: list[str] | None = None) -> Any:
         print(recipe_module.__doc__)
         return None
     if ns.command == "report":
-        return write_report([Path(d) for d in ns.report.dirs])
+        return write_report([Path(d) for d in ns.report.dirs], ns.report.out)
     a = ns.search
     cfg = SearchConfig(**{f.name: a[f.name] for f in fields(SearchConfig)})
     budget = Budget(tokens=a.budget_tokens, docs=a.budget_docs)
