@@ -255,15 +255,12 @@ class EvolutionProposer:
         if screen < 1:
             raise ValueError(f"screen must be ≥ 1, got {screen}")
         self.n_init, self.tournament, self.p_random = n_init, tournament, p_random
-        self.p_crossover, self.screen, self.seed_presets = p_crossover, screen, seed_presets
-
-    def seeds(self) -> list[dict]:
-        return [load_recipe("uniform"), *(presets().values() if self.seed_presets else [])]
+        self.p_crossover, self.screen = p_crossover, screen
+        self.seeds = [load_recipe("uniform"), *(presets().values() if seed_presets else [])]
 
     def propose(self, history: list[dict[str, Any]], trial: int, rng: np.random.Generator) -> dict:
-        seeds = self.seeds()
-        if trial < len(seeds):
-            return seeds[trial]
+        if trial < len(self.seeds):
+            return self.seeds[trial]
         scored = [h for h in history if h["status"] == "ok" and h["recipe"] and "terms" in h["recipe"]]
         ok = [h for h in scored if h["recipe"]["terms"]]
         if trial < self.n_init or not ok:
@@ -318,6 +315,7 @@ class AgentProposer:
         if not command.strip():
             raise ValueError("the agent proposer needs a command")
         self.command, self.timeout, self.context = command, timeout, context or {}
+        self.presets = presets()
 
     def payload(self, history: list[dict[str, Any]], trial: int) -> dict[str, Any]:
         return {
@@ -327,7 +325,7 @@ class AgentProposer:
             "categorical": list(CATEGORICAL),
             "rules": {k: list(v) for k, v in RULES.items()},
             "schema": recipe_module.__doc__,
-            "presets": presets(),
+            "presets": self.presets,
             **self.context,
         }
 

@@ -12,7 +12,6 @@ from __future__ import annotations
 import fnmatch
 from abc import abstractmethod
 from collections.abc import MutableMapping
-from typing import Any
 
 import lightning as L
 import numpy as np
