@@ -4,9 +4,11 @@
 
 For a GPT of ~11M parameters and N = 16, 32, 64 candidates (+ a proxy batch), each variant runs in
 its own subprocess so peak RSS only rises within it:
-- ``engine``: GhostEngine, exact utilities + TensorSketch (live AdamW preconditioner);
+- ``engine``: GhostEngine, exact utilities + TensorSketch (live AdamW preconditioner), candidates
+  in passes of ``--engine-chunk`` rows, the proxy rows with the first (activation memory flat in N);
 - ``naive``: chunked ``vmap(grad)`` per-sample gradients of the scored weights, the same (exact)
   preconditioner, utilities and the same hash family applied to the materialised P G_i;
+- ``naive_full``: the same with all N per-sample gradients at once (no chunking): memory ∝ N;
 - ``floor``: one plain forward + backward over the same tokens (parameter ``.grad``).
 On CPU, memory is the peak RSS increase of the first call over the state right before it (the
 kernel's high-water mark reset through /proc/self/clear_refs; glibc's mmap threshold fixed so
@@ -71,13 +73,15 @@ def setup(args: argparse.Namespace):
 
 
 def prepare_engine(model, opt, rows, args) -> Callable[[], None]:
-    engine = GhostEngine(model, sketch_dim=args.sketch_dim, sketch="tensor")
+    engine = GhostEngine(model, sketch_dim=args.sketch_dim, sketch="tensor", candidate_chunk=args.engine_chunk or None)
     return lambda: engine.score(row_losses(model), rows, args.n, OptimizerPreconditioner(opt))
 
 
-def prepare_naive(model, opt, rows, args) -> Callable[[], None]:
+def prepare_naive(model, opt, rows, args, chunk: int | None = None) -> Callable[[], None]:
     """Per-sample gradients of the scored weights by chunked vmap(grad), exact P, the same hash family."""
     from torch.func import functional_call, grad, vmap
+
+    chunk = chunk or args.chunk
 
     names = [f"{n}.weight" for n, _ in scored_layers(model)]
     params = dict(model.named_parameters())
@@ -98,8 +102,8 @@ def prepare_naive(model, opt, rows, args) -> Callable[[], None]:
         proxy = per_sample(scored, rows["input_ids"][args.n :], rows["labels"][args.n :])
         gbar = {k: proxy[k].mean(0) for k in names}
         maps = {k: OptimizerPreconditioner(opt)(params[k], gbar[k]) for k in names}
-        for i in range(0, args.n, args.chunk):
-            G = per_sample(scored, rows["input_ids"][i : i + args.chunk], rows["labels"][i : i + args.chunk])
+        for i in range(0, args.n, chunk):
+            G = per_sample(scored, rows["input_ids"][i : i + chunk], rows["labels"][i : i + chunk])
             u, sketch = 0.0, torch.zeros(G[names[0]].shape[0], args.sketch_dim, device=args.device)
             for k in names:
                 PG = maps[k].apply(G[k])
@@ -111,6 +115,10 @@ def prepare_naive(model, opt, rows, args) -> Callable[[], None]:
     return run
 
 
+def prepare_naive_full(model, opt, rows, args) -> Callable[[], None]:
+    return prepare_naive(model, opt, rows, args, chunk=args.n)
+
+
 def prepare_floor(model, opt, rows, args) -> Callable[[], None]:
     def run() -> None:
         model.zero_grad(set_to_none=True)
@@ -119,7 +127,7 @@ def prepare_floor(model, opt, rows, args) -> Callable[[], None]:
     return run
 
 
-VARIANTS = {"engine": prepare_engine, "naive": prepare_naive, "floor": prepare_floor}
+VARIANTS = {"engine": prepare_engine, "naive": prepare_naive, "naive_full": prepare_naive_full, "floor": prepare_floor}
 
 
 def _autocast(args: argparse.Namespace):
@@ -168,7 +176,9 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--score-len", type=int, default=64)
     p.add_argument("--sketch-dim", type=int, default=1024)
     p.add_argument("--chunk", type=int, default=8, help="naive per-sample gradient chunk")
-    p.add_argument("--repeats", type=int, default=3)
+    p.add_argument("--engine-chunk", type=int, default=16, help="engine candidates per pass (0: one pass over all rows)")
+    p.add_argument("--repeats", type=int, default=3, help="timed calls per process (after a first call)")
+    p.add_argument("--rounds", type=int, default=3, help="interleaved timing processes per variant")
     p.add_argument("--threads", type=int, default=2)
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="autocast dtype on cuda")
@@ -179,26 +189,36 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(child(args)))
         return {}
     table = []
+    root = Path(__file__).resolve().parents[1]
+
+    def child_run(variant: str, n: int, env: dict | None = None) -> dict:
+        cmd = [sys.executable, "-m", "bench.ghost", "--child", variant, "--n", str(n)]
+        for flag in ("layers", "width", "score_len", "sketch_dim", "chunk", "engine_chunk", "repeats", "threads", "device", "dtype"):
+            cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
+        done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=root)
+        return json.loads(done.stdout.splitlines()[-1])
+
     for n in [int(x) for x in args.ns.split(",")]:
-        row = {"n": n}
-        for variant in VARIANTS:
-            cmd = [sys.executable, "-m", "bench.ghost", "--child", variant, "--n", str(n)]
-            for flag in ("layers", "width", "score_len", "sketch_dim", "chunk", "repeats", "threads", "device", "dtype"):
-                cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
-            # memory in a process whose fixed mmap threshold returns freed tensors to the OS (RSS tracks
-            # live memory); time in one with the default allocator, which that setting would slow down
-            root = Path(__file__).resolve().parents[1]
-            env = {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"}
-            res = json.loads(subprocess.run(cmd, capture_output=True, text=True, check=True, cwd=root).stdout.splitlines()[-1])
-            mem = res if args.device == "cuda" else json.loads(
-                subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=root).stdout.splitlines()[-1]
-            )
-            row[f"{variant}_seconds"], row[f"{variant}_peak_mb"], row["params"] = res["seconds"], mem["peak_mb"], res["params"]
-            print(f"[ghost] N={n} {variant}: {res['seconds']:.3f}s, peak +{res['peak_mb']:.0f} MB", flush=True)
+        # time: --rounds interleaved rounds of one process per variant (default allocator), the median
+        # over rounds, so a slow spell on a shared machine hits every variant alike. Memory (CPU): one
+        # more process per variant whose fixed mmap threshold returns freed tensors to the OS, so RSS
+        # tracks live memory (that setting would slow the timed runs); on CUDA the first round's peak.
+        runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+        for _ in range(args.rounds):
+            for variant in VARIANTS:
+                runs[variant].append(child_run(variant, n))
+        row: dict = {"n": n, "params": runs["floor"][0]["params"]}
+        for variant, results in runs.items():
+            seconds = [r["seconds"] for r in results]
+            mem = results[0] if args.device == "cuda" else child_run(variant, n, {**os.environ, "MALLOC_MMAP_THRESHOLD_": "65536"})
+            row[f"{variant}_seconds"], row[f"{variant}_peak_mb"] = statistics.median(seconds), mem["peak_mb"]
+            row[f"{variant}_rounds"] = seconds
+            print(f"[ghost] N={n} {variant}: {row[f'{variant}_seconds']:.3f}s (rounds {', '.join(f'{t:.3f}' for t in seconds)}), "
+                  f"peak +{mem['peak_mb']:.0f} MB", flush=True)
         table.append(row)
     last = table[-1]
     result = {
-        "config": {k: getattr(args, k) for k in ("layers", "width", "score_len", "sketch_dim", "chunk", "repeats", "threads")}
+        "config": {k: getattr(args, k) for k in ("layers", "width", "score_len", "sketch_dim", "chunk", "engine_chunk", "repeats", "rounds", "threads")}
         | {"proxy_rows": PROXY, "params": last["params"], "device": args.device,
            "dtype": args.dtype if args.device == "cuda" else "fp32"},
         "n": last["n"],
@@ -206,7 +226,9 @@ def main(argv: list[str] | None = None) -> dict:
         "ratio_to_floor": last["engine_seconds"] / last["floor_seconds"],
         "peak_mem_ratio_to_floor": last["engine_peak_mb"] / last["floor_peak_mb"],
         "naive_mem_growth": table[-1]["naive_peak_mb"] / table[0]["naive_peak_mb"],
+        "naive_full_mem_growth": table[-1]["naive_full_peak_mb"] / table[0]["naive_full_peak_mb"],
         "engine_mem_growth": table[-1]["engine_peak_mb"] / table[0]["engine_peak_mb"],
+        "floor_mem_growth": table[-1]["floor_peak_mb"] / table[0]["floor_peak_mb"],
         "per_n": table,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "per_n"}, indent=1))

@@ -311,3 +311,21 @@ def test_muon_factor_equals_the_explicit_iteration(shape) -> None:
         x = (a * torch.eye(A.shape[0], dtype=A.dtype) + b * A + c * A @ A) @ x
     L, norm, tall = newton_schulz_left_factor(u, (a, b, c), 5, 1e-7)
     assert float((L.double() @ x0 - x).norm() / x.norm()) < 1e-4
+
+
+@pytest.mark.parametrize("opt_name,sketch", [("adamw", "tensor"), ("adamw", "count"), ("muon", "tensor"), ("sgd", "two_sided")])
+def test_candidate_chunks_give_the_one_pass_scores(opt_name: str, sketch: str) -> None:
+    """A proxy pass then candidate chunks (flat activation memory) = one pass over all rows."""
+    model, opt = trained(opt_name, bias=opt_name == "sgd")
+    embedding = sketch != "two_sided"
+    batch, resolver = rows(n=11 + N_PROXY), OptimizerPreconditioner(opt)
+    kwargs = dict(include_embedding=embedding, include_head=True, sketch_dim=256, sketch=sketch, norms=True)
+    one = GhostEngine(model, **kwargs).score(row_losses(model), batch, 11, resolver, seed=3)
+    for chunk in (1, 4, 11):
+        got = GhostEngine(model, candidate_chunk=chunk, **kwargs).score(row_losses(model), batch, 11, resolver, seed=3)
+        for field in ("utilities", "losses", "sketches", "sq_norms"):
+            torch.testing.assert_close(getattr(got, field), getattr(one, field), rtol=1e-5, atol=1e-7)
+        assert got.layer_utilities.keys() == one.layer_utilities.keys()
+        assert got.factor_error.keys() == one.factor_error.keys()
+    with pytest.raises(ValueError, match="candidate_chunk must be ≥ 1"):
+        GhostEngine(model, candidate_chunk=0)

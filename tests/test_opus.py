@@ -156,3 +156,13 @@ def test_opus_scores_only_the_named_layers(tiny_corpus) -> None:
     assert set(selector._last.layer_utilities) == {"blocks.1.mlp.fc", "blocks.1.mlp.proj"}
     with pytest.raises(ValueError, match="at least one pattern"):
         OPUSSelection(layers=[])
+
+
+def test_opus_candidate_chunks_keep_the_selections(tiny_corpus) -> None:
+    """Scoring candidates in chunks (flat memory) selects what one pass selects."""
+    one, chunked = (OPUSSelection(ratio=0.5, score_len=16, sketch_dim=64, candidate_chunk=c) for c in (None, 3))
+    _fit(tiny_corpus, one, steps=3, optimizer="muon")
+    _fit(tiny_corpus, chunked, steps=3, optimizer="muon")
+    assert chunked.engine.candidate_chunk == 3
+    torch.testing.assert_close(chunked.last_scores, one.last_scores, rtol=1e-4, atol=1e-6)
+    assert chunked.last_selected.tolist() == one.last_selected.tolist()

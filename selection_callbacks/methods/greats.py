@@ -30,7 +30,9 @@ class GreatsSelection(GhostSelection):
         proxy: a proxy file; default: the datamodule's target split.
         include_embedding: also score the token embedding.
         include_head: also score the output head.
+        layers: glob patterns of the module names to score (None: all of the above).
         sketch: ``"tensor"``, ``"count"`` or ``"two_sided"``.
+        candidate_chunk: candidates per scoring pass (flat memory in N; None: one pass).
         seed: selection seed.
         k: keep exactly this many instead of ratio·N.
     """
@@ -46,12 +48,13 @@ class GreatsSelection(GhostSelection):
         include_head: bool = False,
         layers: list[str] | None = None,
         sketch: str = "tensor",
+        candidate_chunk: int | None = None,
         seed: int = 0,
         k: int | None = None,
     ) -> None:
         super().__init__(
             ratio, score_len, sketch_dim, proxy_batch_size, proxy, include_embedding, include_head, layers, sketch,
-            temperature=0.0, seed=seed, k=k,
+            candidate_chunk, temperature=0.0, seed=seed, k=k,
         )
 
     @override

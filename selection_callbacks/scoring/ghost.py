@@ -3,8 +3,11 @@
 For a linear layer y_t = W a_t, sample i's gradient is G_i = Σ_t b_t a_tᵀ with b_t = ∂ℓ_i/∂y_t.
 One forward over R = N candidate rows ++ P proxy rows captures a (forward hooks) and one
 ``torch.autograd.grad`` of Σ_r ℓ_r with respect to the earliest captured activations (the first
-float input, plus the outputs of layers fed by ids) yields every b through tensor hooks, layer by layer, so b is consumed as it appears and no parameter ``.grad``
-is read or written (gradient accumulation and DDP buckets are untouched). Per layer:
+float input, plus the outputs of layers fed by ids) yields every b through tensor hooks, layer by
+layer, so b is consumed as it appears and no parameter ``.grad`` is read or written (gradient
+accumulation and DDP buckets are untouched). With ``candidate_chunk`` the proxy rows ride with the
+first chunk of candidates (fixing each layer's P and Q) and the rest follow in chunks of their own,
+so activation memory does not grow with N. Per layer:
 
 - proxy direction ḡ = (1/P) Σ_p G_p, preconditioned Q = P ḡ (P self-adjoint, see preconditioners);
 - exact utilities u_i = ⟨P G_i, ḡ⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
@@ -93,6 +96,9 @@ class GhostEngine:
         norms: also compute ‖P G_i‖².
         chunk: candidates per chunk where per-sample matrices are materialised.
         exclude: module names not to score (e.g. a layer applied twice per forward).
+        candidate_chunk: score candidates in forward/backward passes of at most this many rows
+            (the proxy rows ride with the first), so activation memory stays flat in N (None: one
+            pass over all rows, the fastest for small N). Rows must not interact (no batch norm).
     """
 
     def __init__(
@@ -105,12 +111,16 @@ class GhostEngine:
         norms: bool = False,
         chunk: int = 8,
         exclude: tuple[str, ...] = (),
+        candidate_chunk: int | None = None,
     ) -> None:
         if sketch not in ("tensor", "count", "two_sided"):
             raise ValueError(f"unknown sketch {sketch!r}; choose tensor, count or two_sided")
         self.model = model
         self.layers = scored_layers(model, include_embedding, include_head, tuple(exclude))
+        if candidate_chunk is not None and candidate_chunk < 1:
+            raise ValueError(f"candidate_chunk must be ≥ 1 or None, got {candidate_chunk}")
         self.sketch_dim, self.sketch, self.norms, self.chunk = sketch_dim, sketch, norms, chunk
+        self.candidate_chunk = candidate_chunk
         self._sketchers: dict[tuple[str, int], object] = {}
 
     # ---- capture ----
@@ -122,11 +132,39 @@ class GhostEngine:
         preconditioner: Resolver,
         seed: int = 0,
     ) -> GhostScores:
-        """One forward/backward over ``rows`` (candidates first, then ≥ 1 proxy rows)."""
+        """Scores of ``rows`` (candidates first, then ≥ 1 proxy rows).
+
+        One forward/backward over all rows, or, with ``candidate_chunk`` = c < N, one over the
+        first c candidates and the proxy rows (which fix each layer's P and Q), then one per
+        further chunk of c candidates.
+        """
         n_rows = rows["input_ids"].shape[0]
         if not 0 < n_candidates < n_rows:
             raise ValueError(f"need candidates and ≥ 1 proxy row: N={n_candidates} of R={n_rows} rows")
-        state = _PassState(n_candidates, n_rows - n_candidates, preconditioner, seed)
+        maps: dict[str, _LayerMaps] = {}
+        c = min(self.candidate_chunk or n_candidates, n_candidates)
+        order = torch.cat([torch.arange(c), torch.arange(n_candidates, n_rows)])  # first chunk ++ proxy rows
+        first = rows if c == n_candidates else _take(rows, order, n_rows)
+        passes = [self._pass(loss_fn, first, _PassState(c, n_rows - n_candidates, preconditioner, seed, maps))]
+        for lo in range(c, n_candidates, c):
+            hi = min(lo + c, n_candidates)
+            passes.append(self._pass(loss_fn, _take(rows, torch.arange(lo, hi), n_rows), _PassState(hi - lo, 0, preconditioner, seed, maps)))
+        losses = torch.cat([passes[0].losses[:c], *(s.losses for s in passes[1:]), passes[0].losses[c:]])
+        layer_utilities = {name: torch.cat([s.utilities[name] for s in passes]) for name in passes[0].utilities}
+        sketches = [s.sketch for s in passes if s.sketch is not None]
+        norms = [s.sq_norms for s in passes if s.sq_norms is not None]
+        return GhostScores(
+            utilities=torch.stack(list(layer_utilities.values())).sum(0),
+            layer_utilities=layer_utilities,
+            losses=losses,
+            sketches=torch.cat(sketches) if sketches else None,
+            sq_norms=torch.cat(norms) if norms else None,
+            factor_error={name: m.factor_error for name, m in maps.items() if m.factor_error is not None},
+            shared=passes[0].shared,
+        )
+
+    def _pass(self, loss_fn: Callable[[MutableMapping], torch.Tensor], rows: MutableMapping, state: "_PassState") -> "_PassState":
+        """One forward/backward over ``rows`` with the capture hooks on; fills ``state``."""
         handles = [m.register_forward_hook(self._forward_hook(name, state), with_kwargs=True) for name, m in self.layers]
         try:
             with torch.enable_grad():
@@ -137,23 +175,14 @@ class GhostEngine:
         finally:
             for h in handles:
                 h.remove()
-        fired = set(state.utilities)
-        missing = [name for name, _ in self.layers if name not in fired and name not in state.shared]
+        missing = [name for name, _ in self.layers if name not in state.done and name not in state.shared]
         if missing:
             raise RuntimeError(
-                f"ghost capture saw {len(fired)} of {len(self.layers)} layers (missing e.g. {missing[:3]}): hooks did not "
+                f"ghost capture saw {len(state.done)} of {len(self.layers)} layers (missing e.g. {missing[:3]}): hooks did not "
                 "fire, as under torch.compile; score the eager module instead of returning partial scores"
             )
-        utilities = torch.stack(list(state.utilities.values())).sum(0)
-        return GhostScores(
-            utilities=utilities,
-            layer_utilities=dict(state.utilities),
-            losses=losses.detach(),
-            sketches=state.sketch,
-            sq_norms=state.sq_norms,
-            factor_error=state.factor_error,
-            shared=state.shared,
-        )
+        state.losses = losses.detach()
+        return state
 
     def _forward_hook(self, name: str, state: "_PassState") -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
@@ -186,31 +215,47 @@ class GhostEngine:
 
     # ---- per-layer math ----
     def _layer_backward(self, name: str, module: nn.Module, a: torch.Tensor, grad: torch.Tensor, state: "_PassState") -> None:
+        """The layer's share of the scores once its b arrives, in float32 even under autocast."""
+        with torch.autocast(grad.device.type, enabled=False):
+            self._layer_scores(name, module, a, grad, state)
+
+    def _layer_scores(self, name: str, module: nn.Module, a: torch.Tensor, grad: torch.Tensor, state: "_PassState") -> None:
+        state.done.add(name)
         R, N = grad.shape[0], state.n
         B = grad.reshape(R, -1, grad.shape[-1]).float()
         if isinstance(module, nn.Embedding):
             self._embedding(name, module, a.reshape(R, -1), B, state)
             return
         A = a.reshape(R, -1, a.shape[-1]).float()
-        gbar = torch.einsum("pto,pti->oi", B[N:], A[N:]) / state.p
-        pre = state.resolve(module.weight, gbar)
-        Q = pre.apply(gbar)
-        u = ((B[:N] @ Q) * A[:N]).sum((1, 2))
+        maps = state.maps.get(name) or state.maps.setdefault(name, self._linear_maps(module, B[N:], A[N:], state))
+        if N == 0:
+            return
+        B, A = B[:N], A[:N]
+        u = (B @ maps.Q).mul_(A).sum((1, 2))
         bias_pg = None
-        if module.bias is not None:  # G_bias = Σ_t b_t
-            gbar_b = B[N:].sum(1).mean(0)
-            bias_pg = state.resolve(module.bias, gbar_b).apply(B[:N].sum(1))  # [N, d_out]
-            u = u + bias_pg @ gbar_b
+        if maps.bias_pre is not None:  # G_bias = Σ_t b_t
+            bias_pg = maps.bias_pre.apply(B.sum(1))  # [N, d_out]
+            u = u + bias_pg @ maps.gbar_bias
         state.utilities[name] = u
         if self.sketch_dim:
-            state.add_sketch(self._sketch_linear(name, pre, B[:N], A[:N], state))
+            state.add_sketch(self._sketch_linear(name, maps.pre, B, A, state))
             if bias_pg is not None:
                 cs = self._sketcher(name + ".bias", CountSketch, bias_pg.shape[1], 1, state.seed, B.device)
                 state.add_sketch(cs(bias_pg[:, :, None]))
-            if isinstance(pre, DiagonalMap) and self.sketch != "count":
-                state.factor_error[name] = pre.factor_error
         if self.norms:
-            state.add_norm(self._sq_norms(pre, B[:N], A[:N]) + (0.0 if bias_pg is None else bias_pg.pow(2).sum(1)))
+            state.add_norm(self._sq_norms(maps.pre, B, A) + (0.0 if bias_pg is None else bias_pg.pow(2).sum(1)))
+
+    def _linear_maps(self, module: nn.Module, B: torch.Tensor, A: torch.Tensor, state: "_PassState") -> "_LayerMaps":
+        """P and Q = P ḡ of a linear layer from the proxy rows' B [P, T, d_out], A [P, T, d_in]."""
+        gbar = (B.flatten(0, 1).T @ A.flatten(0, 1)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P
+        pre = state.resolve(module.weight, gbar)
+        maps = _LayerMaps(pre, pre.apply(gbar))
+        if module.bias is not None:
+            maps.gbar_bias = B.sum(1).mean(0)
+            maps.bias_pre = state.resolve(module.bias, maps.gbar_bias)
+        if self.sketch_dim and self.sketch != "count" and isinstance(pre, DiagonalMap):
+            maps.factor_error = pre.factor_error
+        return maps
 
     def _sketcher(self, name: str, cls: type, d_out: int, d_in: int, seed: int, device: torch.device):
         key = (f"{name}:{cls.__name__}", seed)
@@ -231,8 +276,10 @@ class GhostEngine:
             cs = self._sketcher(name, CountSketch, d_out, d_in, state.seed, B.device)
             return torch.cat([cs(G) for G in self._materialised(pre, B, A)])
         cls = TensorSketch if self.sketch == "tensor" else TwoSidedProjection
-        b2, a2 = pre.token_factors(B, A)
-        return self._sketcher(name, cls, d_out, d_in, state.seed, B.device)(b2, a2)
+        sketcher = self._sketcher(name, cls, d_out, d_in, state.seed, B.device)
+        if hasattr(pre, "token_scales"):  # elementwise token factors: fold the scales into the hashes' signs
+            return sketcher(B, A, *pre.token_scales())
+        return sketcher(*pre.token_factors(B, A))
 
     def _sq_norms(self, pre: Preconditioner, B: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
         T, d_out, d_in = B.shape[1], B.shape[-1], A.shape[-1]
@@ -243,25 +290,29 @@ class GhostEngine:
 
     def _embedding(self, name: str, module: nn.Embedding, ids: torch.Tensor, B: torch.Tensor, state: "_PassState") -> None:
         N, V, d = state.n, module.num_embeddings, B.shape[-1]
-        gbar = torch.zeros(V, d, device=B.device).index_add_(0, ids[N:].reshape(-1), B[N:].reshape(-1, d)) / state.p
-        pre = state.resolve(module.weight, gbar)
-        state.utilities[name] = (pre.apply(gbar)[ids[:N]] * B[:N]).sum((1, 2))
-        if isinstance(pre, DiagonalMap):
-            rows = pre.C * pre.D[ids[:N]] * B[:N]
-        elif isinstance(pre, ScalarMap):
-            rows = pre.c * B[:N]
-        else:
-            raise TypeError(f"embedding {name!r} is preconditioned by {type(pre).__name__}; only elementwise maps apply")
+        maps = state.maps.get(name)
+        if maps is None:
+            gbar = torch.zeros(V, d, device=B.device).index_add_(0, ids[N:].reshape(-1), B[N:].reshape(-1, d))
+            gbar /= state.proxy_rows()
+            pre = state.resolve(module.weight, gbar)
+            if not isinstance(pre, (DiagonalMap, ScalarMap)):
+                raise TypeError(f"embedding {name!r} is preconditioned by {type(pre).__name__}; only elementwise maps apply")
+            maps = state.maps[name] = _LayerMaps(pre, pre.apply(gbar))
+        if N == 0:
+            return
+        ids, B, pre = ids[:N], B[:N], maps.pre
+        state.utilities[name] = (maps.Q[ids] * B).sum((1, 2))
+        rows = pre.C * pre.D[ids] * B if isinstance(pre, DiagonalMap) else pre.c * B
         if self.sketch_dim:
             if self.sketch == "tensor":
-                state.add_sketch(self._sketcher(name, TensorSketch, V, d, state.seed, B.device).one_hot(rows, ids[:N], V))
+                state.add_sketch(self._sketcher(name, TensorSketch, V, d, state.seed, B.device).one_hot(rows, ids, V))
             elif self.sketch == "count":
                 cs = self._sketcher(name, CountSketch, V, d, state.seed, B.device)
-                state.add_sketch(torch.cat([cs(G) for G in self._embedding_mats(ids[:N], rows, V)]))
+                state.add_sketch(torch.cat([cs(G) for G in self._embedding_mats(ids, rows, V)]))
             else:
                 raise ValueError("two-sided sketches do not cover embeddings; use sketch='tensor' or 'count'")
         if self.norms:
-            state.add_norm(torch.cat([G.pow(2).sum((1, 2)) for G in self._embedding_mats(ids[:N], rows, V)]))
+            state.add_norm(torch.cat([G.pow(2).sum((1, 2)) for G in self._embedding_mats(ids, rows, V)]))
 
     def _embedding_mats(self, ids: torch.Tensor, rows: torch.Tensor, vocab: int):
         """Per-sample P G_i = Σ_t e_{x_t} b'_tᵀ as [chunk, V, d] matrices."""
@@ -272,24 +323,49 @@ class GhostEngine:
             )
 
 
-class _PassState:
-    """Accumulators of one scoring pass."""
+@dataclass
+class _LayerMaps:
+    """What the proxy rows fix for one layer: its map P, Q = P ḡ, the bias terms, AdamW's factor error."""
 
-    def __init__(self, n: int, p: int, resolve: Resolver, seed: int) -> None:
-        self.n, self.p, self.resolve, self.seed = n, p, resolve, seed
+    pre: Preconditioner
+    Q: torch.Tensor
+    bias_pre: Preconditioner | None = None
+    gbar_bias: torch.Tensor | None = None
+    factor_error: torch.Tensor | None = None
+
+
+class _PassState:
+    """Accumulators of one forward/backward over n candidate rows then p proxy rows (either may be 0);
+    ``maps`` is shared by the passes of one scoring call."""
+
+    def __init__(self, n: int, p: int, resolve: Resolver, seed: int, maps: dict[str, _LayerMaps]) -> None:
+        self.n, self.p, self.resolve, self.seed, self.maps = n, p, resolve, seed, maps
         self.roots: list[torch.Tensor] = []
         self.shared: list[str] = []
         self.seen: set[str] = set()
+        self.done: set[str] = set()
         self.utilities: dict[str, torch.Tensor] = {}
+        self.losses: torch.Tensor | None = None
         self.sketch: torch.Tensor | None = None
         self.sq_norms: torch.Tensor | None = None
-        self.factor_error: dict[str, torch.Tensor] = {}
+
+    def proxy_rows(self) -> int:
+        """P of this pass; a layer's map is fixed in the pass that carries the proxy rows."""
+        if not self.p:
+            raise RuntimeError("ghost scoring: a candidate pass ran before the proxy rows fixed the layer's map")
+        return self.p
 
     def add_sketch(self, s: torch.Tensor) -> None:
         self.sketch = s if self.sketch is None else self.sketch + s
 
     def add_norm(self, v: torch.Tensor) -> None:
         self.sq_norms = v if self.sq_norms is None else self.sq_norms + v
+
+
+def _take(rows: MutableMapping, index: torch.Tensor, n_rows: int) -> dict:
+    """Rows ``index`` of every per-row tensor of ``rows`` (other values pass through)."""
+    return {k: v[index.to(v.device)] if isinstance(v, torch.Tensor) and v.ndim and v.shape[0] == n_rows else v
+            for k, v in rows.items()}
 
 
 def check_precision(trainer) -> None:

@@ -56,6 +56,8 @@ class GhostSelection(SelectionCallback):
             above. The scoring backward stops at the earliest scored layer, so scoring only late
             layers is cheaper.
         sketch: ``"tensor"``, ``"count"`` or ``"two_sided"`` (see :class:`GhostEngine`).
+        candidate_chunk: score candidates in passes of at most this many rows (the proxy rows ride
+            with the first): activation memory flat in N (None: one pass over all rows, fastest).
         temperature: τ of the sequential draws (0: greedy).
         seed: selection seed (windows, proxy draws, sampling).
         k: keep exactly this many instead of ratio·N.
@@ -73,6 +75,7 @@ class GhostSelection(SelectionCallback):
         include_head: bool = False,
         layers: list[str] | None = None,
         sketch: str = "tensor",
+        candidate_chunk: int | None = None,
         temperature: float = 1.0,
         seed: int = 0,
         k: int | None = None,
@@ -82,7 +85,7 @@ class GhostSelection(SelectionCallback):
         if proxy_batch_size < 1:
             raise ValueError(f"proxy_batch_size must be ≥ 1, got {proxy_batch_size}")
         self.score_len, self.sketch_dim, self.proxy_batch_size = score_len, sketch_dim, proxy_batch_size
-        self.proxy_path, self.sketch = proxy, sketch
+        self.proxy_path, self.sketch, self.candidate_chunk = proxy, sketch, candidate_chunk
         self.include_embedding, self.include_head = include_embedding, include_head
         if layers is not None and not layers:
             raise ValueError("layers must name at least one pattern (None scores every layer)")
@@ -99,7 +102,7 @@ class GhostSelection(SelectionCallback):
         exclude = excluded_layers(module, self.include_embedding, self.include_head, self.layers)
         self.engine = GhostEngine(
             module, self.include_embedding, self.include_head, self.sketch_dim, self.sketch,  # type: ignore[arg-type]
-            exclude=exclude,
+            exclude=exclude, candidate_chunk=self.candidate_chunk,
         )
         if self.proxy_path is not None:
             self._proxy_split = self._load_proxy(getattr(trainer, "datamodule", None))

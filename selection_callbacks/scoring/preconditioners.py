@@ -45,6 +45,10 @@ class ScalarMap:
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return self.c * b, a
 
+    def token_scales(self) -> tuple[float, None]:
+        """(c, None): token_factors(b, a) = (c·b, a)."""
+        return self.c, None
+
 
 TENSOR_FLOOR = 1e-2
 POWER_ITERATIONS = 2  # the rank-1 error after 2 iterations equals that after 30 to 4 digits on trained GPT layers
@@ -70,14 +74,19 @@ class DiagonalMap:
 
     @property
     def factor_error(self) -> torch.Tensor:
-        """‖D − r cᵀ‖_F / ‖D‖_F of the rank-1 factorisation (a 0-dim tensor: no device sync)."""
+        """‖D − r cᵀ‖_F / ‖D‖_F of the rank-1 factorisation (a 0-dim tensor: no device sync).
+
+        From ‖D − r cᵀ‖² = ‖D‖² − 2 rᵀD c + ‖r‖²‖c‖², without forming r cᵀ.
+        """
         r, c = self.rank1()
         if c.numel() == 0:
             return torch.zeros((), device=self.D.device)
-        return torch.linalg.norm(self.D - torch.outer(r, c)) / torch.linalg.norm(self.D)
+        sq = torch.linalg.vector_norm(self.D).square()
+        err = sq - 2 * r.dot(self.D @ c) + r.dot(r) * c.dot(c)
+        return (err.clamp(min=0) / sq).sqrt()
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
-        return self.C * self.D * g
+        return (self.D * g).mul_(self.C)
 
     def rank1(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Best rank-1 r cᵀ ≈ D (power iteration on the positive matrix D)."""
@@ -96,6 +105,11 @@ class DiagonalMap:
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         r, c = self.rank1()
         return self.C * r * b, c * a
+
+    def token_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(C·r, c): token_factors(b, a) = (C·r ⊙ b, c ⊙ a), for sketches that fold the scales in."""
+        r, c = self.rank1()
+        return self.C * r, c
 
 
 class MuonMap:
@@ -156,10 +170,11 @@ def _adamw_map(opt: torch.optim.Optimizer, group: dict, p: torch.nn.Parameter, g
     if group.get("amsgrad", False) and "max_exp_avg_sq" in state:
         v = torch.maximum(state["max_exp_avg_sq"].float() / beta2, v)
     bc2 = 1.0 - beta2 ** (s + 1)
-    v_next = torch.maximum(beta2 * v, (1 - beta2) * gbar.float().square())  # floor where v has not formed yet
-    v_next = torch.maximum(v_next, TENSOR_FLOOR * v_next.mean())  # rows neither trained nor in the proxy
+    v_next = gbar.float().square().mul_(1 - beta2)
+    torch.maximum(v_next, v * beta2, out=v_next)  # (1 − β2)ḡ² floors β2·v where v has not formed yet
+    v_next.clamp_(min=TENSOR_FLOOR * v_next.mean())  # rows neither trained nor in the proxy
     C = lr * (1 - beta1) * math.sqrt(bc2) / (1 - beta1 ** (s + 1))
-    return DiagonalMap(C, 1.0 / (v_next.sqrt() + eps * math.sqrt(bc2)))
+    return DiagonalMap(C, v_next.sqrt_().add_(eps * math.sqrt(bc2)).reciprocal_())
 
 
 def _muon_map(opt: torch.optim.Optimizer, group: dict, p: torch.nn.Parameter, gbar: torch.Tensor) -> MuonMap:

@@ -52,13 +52,15 @@ class TensorSketch:
     def _chunk(self, tokens: int) -> int:
         return max(1, self.chunk_elements // (tokens * self.m))
 
-    def __call__(self, b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        """b [N, T, d_out], a [N, T, d_in] → [N, m]."""
+    def __call__(self, b: torch.Tensor, a: torch.Tensor, scale_b=None, scale_a=None) -> torch.Tensor:
+        """b [N, T, d_out], a [N, T, d_in] → [N, m]; optional scales ([d] or scalars) multiply b and a first."""
+        s1 = self.s1 if scale_b is None else self.s1 * scale_b
+        s2 = self.s2 if scale_a is None else self.s2 * scale_a
         out, chunk = [], self._chunk(b.shape[1])
         for i in range(0, b.shape[0], chunk):
-            fb = torch.fft.rfft(self._count(b[i : i + chunk], self.h1, self.s1), n=self.m)
-            fa = torch.fft.rfft(self._count(a[i : i + chunk], self.h2, self.s2), n=self.m)
-            out.append(torch.fft.irfft((fb * fa).sum(1), n=self.m))
+            fb = torch.fft.rfft(self._count(b[i : i + chunk], self.h1, s1), n=self.m)
+            fa = torch.fft.rfft(self._count(a[i : i + chunk], self.h2, s2), n=self.m)
+            out.append(torch.fft.irfft(fb.mul_(fa).sum(1), n=self.m))
         return torch.cat(out)
 
     def one_hot(self, b: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
@@ -100,7 +102,10 @@ class TwoSidedProjection:
         self.ro = (torch.randn(side, d_out, generator=g) / math.sqrt(side)).to(device)
         self.ri = (torch.randn(side, d_in, generator=g) / math.sqrt(side)).to(device)
 
-    def __call__(self, b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
-        pb = b.float() @ self.ro.T  # [N, T, side]
-        pa = a.float() @ self.ri.T
+    def __call__(self, b: torch.Tensor, a: torch.Tensor, scale_b=None, scale_a=None) -> torch.Tensor:
+        """b [N, T, d_out], a [N, T, d_in] → [N, m]; optional scales ([d] or scalars) multiply b and a first."""
+        ro = self.ro if scale_b is None else self.ro * scale_b
+        ri = self.ri if scale_a is None else self.ri * scale_a
+        pb = b.float() @ ro.T  # [N, T, side]
+        pa = a.float() @ ri.T
         return torch.einsum("nto,nti->noi", pb, pa).reshape(b.shape[0], -1)
