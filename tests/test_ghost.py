@@ -135,6 +135,10 @@ def test_adamw_rank1_factor_error_is_reported() -> None:
     got = GhostEngine(model, sketch_dim=128).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
     assert set(got.factor_error) == {n for n, _ in scored_layers(model)}
     assert all(0.0 < e < 1.0 for e in got.factor_error.values())
+    P = OptimizerPreconditioner(opt)(model.blocks[0].mlp.fc.weight, torch.randn_like(model.blocks[0].mlp.fc.weight))
+    r, c = P.rank1()
+    explicit = torch.linalg.norm(P.D - torch.outer(r, c)) / torch.linalg.norm(P.D)
+    torch.testing.assert_close(P.factor_error, explicit, rtol=1e-3, atol=1e-5)
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "muon", "adamw"])

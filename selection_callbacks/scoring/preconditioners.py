@@ -76,14 +76,14 @@ class DiagonalMap:
     def factor_error(self) -> torch.Tensor:
         """‖D − r cᵀ‖_F / ‖D‖_F of the rank-1 factorisation (a 0-dim tensor: no device sync).
 
-        From ‖D − r cᵀ‖² = ‖D‖² − 2 rᵀD c + ‖r‖²‖c‖², without forming r cᵀ.
+        The power iteration ends with c = Dᵀr/‖r‖², so rᵀD c = ‖r‖²‖c‖² and
+        ‖D − r cᵀ‖² = ‖D‖² − ‖r‖²‖c‖²: no outer product, no further pass over D but its norm.
         """
         r, c = self.rank1()
         if c.numel() == 0:
             return torch.zeros((), device=self.D.device)
         sq = torch.linalg.vector_norm(self.D).square()
-        err = sq - 2 * r.dot(self.D @ c) + r.dot(r) * c.dot(c)
-        return (err.clamp(min=0) / sq).sqrt()
+        return ((sq - r.dot(r) * c.dot(c)).clamp(min=0) / sq).sqrt()
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
         return (self.D * g).mul_(self.C)
