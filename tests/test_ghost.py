@@ -319,7 +319,7 @@ def test_muon_factor_equals_the_explicit_iteration(shape) -> None:
 
 @pytest.mark.parametrize("opt_name,sketch", [("adamw", "tensor"), ("adamw", "count"), ("muon", "tensor"), ("sgd", "two_sided")])
 def test_candidate_chunks_give_the_one_pass_scores(opt_name: str, sketch: str) -> None:
-    """A proxy pass then candidate chunks (flat activation memory) = one pass over all rows."""
+    """Candidate chunks, the proxy rows riding with the first (flat activation memory) = one pass over all rows."""
     model, opt = trained(opt_name, bias=opt_name == "sgd")
     embedding = sketch != "two_sided"
     batch, resolver = rows(n=11 + N_PROXY), OptimizerPreconditioner(opt)

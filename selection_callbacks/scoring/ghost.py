@@ -143,8 +143,7 @@ class GhostEngine:
             raise ValueError(f"need candidates and ≥ 1 proxy row: N={n_candidates} of R={n_rows} rows")
         maps: dict[str, _LayerMaps] = {}
         c = min(self.candidate_chunk or n_candidates, n_candidates)
-        order = torch.cat([torch.arange(c), torch.arange(n_candidates, n_rows)])  # first chunk ++ proxy rows
-        first = rows if c == n_candidates else _take(rows, order, n_rows)
+        first = rows if c == n_candidates else _take(rows, torch.cat([torch.arange(c), torch.arange(n_candidates, n_rows)]), n_rows)
         passes = [self._pass(loss_fn, first, _PassState(c, n_rows - n_candidates, preconditioner, seed, maps))]
         for lo in range(c, n_candidates, c):
             hi = min(lo + c, n_candidates)

@@ -103,8 +103,8 @@ class DiagonalMap:
         return self._factors
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        r, c = self.rank1()
-        return self.C * r * b, c * a
+        scale_b, scale_a = self.token_scales()
+        return scale_b * b, scale_a * a
 
     def token_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(C·r, c): token_factors(b, a) = (C·r ⊙ b, c ⊙ a), for sketches that fold the scales in."""
