@@ -226,7 +226,9 @@ class GhostEngine:
             self._embedding(name, module, a.reshape(R, -1), B, state)
             return
         A = a.reshape(R, -1, a.shape[-1]).float()
-        maps = state.maps.get(name) or state.maps.setdefault(name, self._linear_maps(module, B[N:], A[N:], state))
+        maps = state.maps.get(name)
+        if maps is None:  # the pass carrying the proxy rows fixes the layer's map
+            maps = state.maps[name] = self._linear_maps(module, B[N:], A[N:], state)
         if N == 0:
             return
         B, A = B[:N], A[:N]
