@@ -166,3 +166,10 @@ def test_opus_candidate_chunks_keep_the_selections(tiny_corpus) -> None:
     assert chunked.engine.candidate_chunk == 3
     torch.testing.assert_close(chunked.last_scores, one.last_scores, rtol=1e-4, atol=1e-6)
     assert chunked.last_selected.tolist() == one.last_selected.tolist()
+
+
+def test_opus_without_redundancy_builds_no_sketches(tiny_corpus) -> None:
+    selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256, redundancy_weight=0.0)
+    seen = _fit(tiny_corpus, selector, steps=2)
+    assert selector.engine.sketch_dim == 0 and selector._last.sketches is None
+    assert all("select/redundancy_changed" not in r for r in seen.rows)

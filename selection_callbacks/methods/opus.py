@@ -36,7 +36,8 @@ class OPUSSelection(GhostSelection):
     Args:
         ratio: kept fraction ρ = K/N.
         temperature: τ in standard deviations of utility (0: greedy).
-        redundancy_weight: γ (0: no interaction term; set ``sketch_dim=0`` too to skip the sketches).
+        redundancy_weight: γ (0: no interaction term, and no sketches are built since nothing reads them).
+            ``sketch_dim=0`` also turns the term off: there are no sketches to build it from.
         **kwargs: :class:`GhostSelection` arguments (``score_len``, ``sketch_dim``,
             ``proxy_batch_size``, ``proxy``, ``include_embedding``, ``seed``, ...).
     """
@@ -46,6 +47,8 @@ class OPUSSelection(GhostSelection):
             raise ValueError(f"redundancy_weight must be ≥ 0, got {redundancy_weight}")
         super().__init__(ratio=ratio, temperature=temperature, **kwargs)
         self.redundancy_weight = redundancy_weight
+        if redundancy_weight == 0:
+            self.sketch_dim = 0
 
     @override
     def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:

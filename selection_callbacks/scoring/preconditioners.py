@@ -152,10 +152,11 @@ def newton_schulz_left_factor(
     eye = torch.eye(x.shape[0], device=x.device, dtype=x.dtype)
     A = x @ x.T
     L = eye
-    for _ in range(steps):
+    for step in range(steps):
         S = torch.addmm(a * eye + b * A, A, A, alpha=c)
         L = S @ L
-        A = S @ (S @ A)
+        if step < steps - 1:  # the last step's A would not be read
+            A = S @ (S @ A)
     return (L + L.T) / 2, norm, tall  # L is symmetric in exact arithmetic; keep it so in float32
 
 
