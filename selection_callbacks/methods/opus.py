@@ -45,10 +45,10 @@ class OPUSSelection(GhostSelection):
     def __init__(self, ratio: float = 0.5, temperature: float = 0.25, redundancy_weight: float = 1.0, **kwargs: Any) -> None:
         if redundancy_weight < 0:
             raise ValueError(f"redundancy_weight must be ≥ 0, got {redundancy_weight}")
+        if redundancy_weight == 0:  # nothing would read the sketches
+            kwargs["sketch_dim"] = 0
         super().__init__(ratio=ratio, temperature=temperature, **kwargs)
         self.redundancy_weight = redundancy_weight
-        if redundancy_weight == 0:
-            self.sketch_dim = 0
 
     @override
     def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
