@@ -14,8 +14,11 @@ On CPU, memory is the peak RSS increase of the first call over the state right b
 kernel's high-water mark reset through /proc/self/clear_refs; glibc's mmap threshold fixed so
 freed tensors leave RSS); time, measured in a second process with the default allocator, is the
 median of the warm repeats after a first call. With ``--device cuda`` memory is the peak of
-``torch.cuda.max_memory_allocated`` over the allocation before the first call, and time is
-synchronised wall-clock; the model runs under bf16 autocast there (``--dtype fp32`` to turn off).
+``torch.cuda.max_memory_allocated`` over the allocation before the first call (exact per call, so
+one process per variant serves every N), time is synchronised wall-clock, and one more call runs
+under the profiler: ``cuda_ms`` (summed kernel time) against ``seconds`` says whether the call is
+bound by the GPU or by launching it; the model runs under bf16 autocast there (``--dtype fp32``
+to turn off).
 """
 
 from __future__ import annotations
@@ -94,19 +97,19 @@ def prepare_naive(model, opt, rows, args, chunk: int | None = None) -> Callable[
     per_sample = vmap(grad(single), in_dims=(None, 0, 0))
     hashes = {}
     for i, k in enumerate(names):  # TensorSketch's hash (h1(o) + h2(i)) mod m, signs s1(o)·s2(i), materialised
-        ts = TensorSketch(args.sketch_dim, *params[k].shape, 0, i, torch.device(args.device))
-        hashes[k] = (((ts.h1[:, None] + ts.h2[None, :]) % args.sketch_dim).flatten(), (ts.s1[:, None] * ts.s2[None, :]).flatten())
+        ts = TensorSketch(args.sketch_dim, *params[k].shape, 0, [i], torch.device(args.device))
+        hashes[k] = (((ts.h1[0, :, None] + ts.h2[0, None, :]) % args.sketch_dim).flatten(), (ts.s1[0, :, None] * ts.s2[0, None, :]).flatten())
 
     def run() -> None:
         scored = {k: params[k].detach() for k in names}
         proxy = per_sample(scored, rows["input_ids"][args.n :], rows["labels"][args.n :])
         gbar = {k: proxy[k].mean(0) for k in names}
-        maps = {k: OptimizerPreconditioner(opt)(params[k], gbar[k]) for k in names}
+        maps = {k: OptimizerPreconditioner(opt)([params[k]], gbar[k][None]) for k in names}
         for i in range(0, args.n, chunk):
             G = per_sample(scored, rows["input_ids"][i : i + chunk], rows["labels"][i : i + chunk])
             u, sketch = 0.0, torch.zeros(G[names[0]].shape[0], args.sketch_dim, device=args.device)
             for k in names:
-                PG = maps[k].apply(G[k])
+                PG = maps[k].apply(G[k][None])[0]
                 u = u + (PG * gbar[k]).flatten(1).sum(1)
                 idx, sign = hashes[k]
                 sketch.index_add_(1, idx, PG.flatten(1) * sign)
@@ -163,8 +166,26 @@ def child(args: argparse.Namespace) -> dict:
         call()
         times.append(time.perf_counter() - start)
         model.zero_grad(set_to_none=True)
-    return {"seconds": statistics.median(times), "peak_mb": peak / 1024.0,
-            "params": sum(p.numel() for p in model.parameters())}
+    out = {"seconds": statistics.median(times), "peak_mb": peak / 1024.0, "params": sum(p.numel() for p in model.parameters())}
+    if cuda:
+        out |= _kernel_profile(call)
+        model.zero_grad(set_to_none=True)
+    return out
+
+
+def _kernel_profile(call: Callable[[], None]) -> dict:
+    """Summed CUDA kernel time and kernel count of one call (under the profiler)."""
+    from torch.profiler import ProfilerActivity, profile
+
+    with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
+        call()
+    kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
+    return {"cuda_ms": sum(e.device_time for e in kernels) / 1000.0, "kernels": len(kernels)}
+
+
+def children(args: argparse.Namespace, ns: list[int]) -> list[dict]:
+    """One variant at every N in this process (CUDA: the allocator's peak is exact per call)."""
+    return [child(argparse.Namespace(**{**vars(args), "n": n})) for n in ns]
 
 
 def main(argv: list[str] | None = None) -> dict:
@@ -185,20 +206,34 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--child", choices=list(VARIANTS))
     p.add_argument("--n", type=int, default=64)
     args = p.parse_args(argv)
+    ns = [int(x) for x in args.ns.split(",")]
     if args.child:
-        print(json.dumps(child(args)))
+        print(json.dumps(children(args, ns) if args.device == "cuda" else child(args)))
         return {}
     table = []
     root = Path(__file__).resolve().parents[1]
 
-    def child_run(variant: str, n: int, env: dict | None = None) -> dict:
-        cmd = [sys.executable, "-m", "bench.ghost", "--child", variant, "--n", str(n)]
+    def child_run(variant: str, n: int | None, env: dict | None = None):
+        cmd = [sys.executable, "-m", "bench.ghost", "--child", variant, "--n", str(n or 0), "--ns", args.ns]
         for flag in ("layers", "width", "score_len", "sketch_dim", "chunk", "engine_chunk", "repeats", "threads", "device", "dtype"):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=root)
         return json.loads(done.stdout.splitlines()[-1])
 
-    for n in [int(x) for x in args.ns.split(",")]:
+    if args.device == "cuda":  # one process per variant and round, covering every N
+        rounds = [{v: child_run(v, None) for v in VARIANTS} for _ in range(args.rounds)]
+        for i, n in enumerate(ns):
+            row = {"n": n, "params": rounds[0]["floor"][i]["params"]}
+            for variant in VARIANTS:
+                results = [r[variant][i] for r in rounds]
+                row[f"{variant}_seconds"] = statistics.median(r["seconds"] for r in results)
+                row[f"{variant}_rounds"] = [r["seconds"] for r in results]
+                row[f"{variant}_peak_mb"] = results[0]["peak_mb"]
+                row[f"{variant}_cuda_ms"], row[f"{variant}_kernels"] = results[0]["cuda_ms"], results[0]["kernels"]
+                print(f"[ghost] N={n} {variant}: {row[f'{variant}_seconds']:.4f}s, kernels {row[f'{variant}_kernels']} "
+                      f"({row[f'{variant}_cuda_ms']:.2f} ms on the GPU), peak +{row[f'{variant}_peak_mb']:.0f} MB", flush=True)
+            table.append(row)
+    for n in ns if args.device != "cuda" else []:
         # time: --rounds interleaved rounds of one process per variant (default allocator), the median
         # over rounds, so a slow spell on a shared machine hits every variant alike. Memory (CPU): one
         # more process per variant whose fixed mmap threshold returns freed tensors to the OS, so RSS

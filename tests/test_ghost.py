@@ -69,8 +69,8 @@ def brute_force(model, batch, resolver, layers, n=N_CAND):
             if getattr(module, pname, None) is None:
                 continue
             gbar = G[full][n:].mean(0)
-            P = resolver(params[full], gbar)
-            PG = torch.stack([P.apply(G[full][i]) for i in range(n)])
+            P = resolver([params[full]], gbar[None])
+            PG = P.apply(G[full][None, :n])[0]
             u += (PG * gbar).flatten(1).sum(1)
             gram += PG.flatten(1) @ PG.flatten(1).T
     return u, gram
@@ -135,10 +135,12 @@ def test_adamw_rank1_factor_error_is_reported() -> None:
     got = GhostEngine(model, sketch_dim=128).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
     assert set(got.factor_error) == {n for n, _ in scored_layers(model)}
     assert all(0.0 < e < 1.0 for e in got.factor_error.values())
-    P = OptimizerPreconditioner(opt)(model.blocks[0].mlp.fc.weight, torch.randn_like(model.blocks[0].mlp.fc.weight))
+    fc = [model.blocks[0].mlp.fc.weight, model.blocks[1].mlp.fc.weight]
+    P = OptimizerPreconditioner(opt)(fc, torch.randn(2, *fc[0].shape))
     r, c = P.rank1()
-    explicit = torch.linalg.norm(P.D - torch.outer(r, c)) / torch.linalg.norm(P.D)
-    torch.testing.assert_close(P.factor_error, explicit, rtol=1e-3, atol=1e-5)
+    for i in range(2):  # each stacked layer gets its own rank-1 factors and error
+        explicit = torch.linalg.norm(P.D[i] - torch.outer(r[i], c[i])) / torch.linalg.norm(P.D[i])
+        torch.testing.assert_close(P.factor_error[i], explicit, rtol=1e-3, atol=1e-5)
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "muon", "adamw"])
@@ -282,8 +284,8 @@ def test_adamw_map_stays_bounded_on_unseen_embedding_rows() -> None:
     model, opt = trained("adamw", 0)
     gbar = torch.zeros_like(model.wte.weight)
     gbar[:3] = 1e-3  # the proxy touches three rows only
-    P = OptimizerPreconditioner(opt)(model.wte.weight, gbar)
-    scale = P.C * P.D
+    P = OptimizerPreconditioner(opt)([model.wte.weight], gbar[None])
+    scale = P.C * P.D[0]
     # untouched rows are capped by the tensor floor: 1/√(0.01·mean v) instead of lr/ε (~1e5 × the touched rows)
     assert float(scale.max() / scale.min()) == pytest.approx((1 / (0.01 * 3 / 64)) ** 0.5, rel=1e-3)
 
@@ -328,7 +330,8 @@ def test_candidate_chunks_give_the_one_pass_scores(opt_name: str, sketch: str) -
     for chunk in (1, 4, 11):
         got = GhostEngine(model, candidate_chunk=chunk, **kwargs).score(row_losses(model), batch, 11, resolver, seed=3)
         for field in ("utilities", "losses", "sketches", "sq_norms"):
-            torch.testing.assert_close(getattr(got, field), getattr(one, field), rtol=1e-5, atol=1e-7)
+            ref = getattr(one, field)  # float32 sums in another order: tolerance relative to the largest entry
+            torch.testing.assert_close(getattr(got, field), ref, rtol=1e-5, atol=1e-7 * max(1.0, float(ref.abs().max())))
         assert got.layer_utilities.keys() == one.layer_utilities.keys()
         assert got.factor_error.keys() == one.factor_error.keys()
     with pytest.raises(ValueError, match="candidate_chunk must be ≥ 1"):

@@ -24,10 +24,10 @@ def factors(aligned: bool, tokens: int) -> tuple[torch.Tensor, torch.Tensor]:
 
 def sketch(kind: str, m: int, seed: int, b: torch.Tensor, a: torch.Tensor) -> torch.Tensor:
     if kind == "tensor":
-        return TensorSketch(m, D_OUT, D_IN, seed, 0, torch.device("cpu"))(b, a)
+        return TensorSketch(m, D_OUT, D_IN, seed, [0], torch.device("cpu"))(b[None], a[None])
     if kind == "count":
-        return CountSketch(m, D_OUT, D_IN, seed, 0, torch.device("cpu"))(torch.einsum("nto,nti->noi", b, a))
-    return TwoSidedProjection(m, D_OUT, D_IN, seed, 0, torch.device("cpu"))(b, a)
+        return CountSketch(m, D_OUT, D_IN, seed, [0], torch.device("cpu"))(torch.einsum("nto,nti->noi", b, a)[None])
+    return TwoSidedProjection(m, D_OUT, D_IN, seed, [0], torch.device("cpu"))(b[None], a[None])
 
 
 def error_curve(kind: str, aligned: bool, tokens: int) -> tuple[list[float], float]:
@@ -68,4 +68,25 @@ def test_two_sided_projection_is_unbiased_but_slower_on_aligned_low_rank() -> No
 
 def test_two_sided_needs_a_square_dimension() -> None:
     with pytest.raises(ValueError, match="square"):
-        TwoSidedProjection(200, 8, 8, 0, 0, torch.device("cpu"))
+        TwoSidedProjection(200, 8, 8, 0, [0], torch.device("cpu"))
+
+
+@pytest.mark.parametrize("cls", [TensorSketch, CountSketch, TwoSidedProjection])
+def test_stacked_layers_sketch_to_the_sum_of_their_own_sketches(cls) -> None:
+    """L layers stacked (one kernel per group) = Σ over the layers sketched one by one, each with its own hashes."""
+    b, a = factors(aligned=False, tokens=3)
+    b2, a2 = b.flip(0) * 0.5, a.roll(1, 0)
+    cpu = torch.device("cpu")
+
+    scale = torch.rand(2, D_OUT, generator=torch.Generator().manual_seed(2))  # per-layer factors folded into b
+
+    def run(layers, bs, as_, sc):
+        sk = cls(64, D_OUT, D_IN, 7, layers, cpu)
+        if cls is CountSketch:
+            return sk(torch.einsum("lnto,lnti->lnoi", bs * sc[:, None, None, :], as_))
+        return sk(bs, as_, sc, None)
+
+    stacked = run([3, 5], torch.stack([b, b2]), torch.stack([a, a2]), scale)
+    one_by_one = run([3], b[None], a[None], scale[:1]) + run([5], b2[None], a2[None], scale[1:])
+    assert float(stacked.norm()) > 0
+    torch.testing.assert_close(stacked, one_by_one, rtol=1e-4, atol=1e-4)

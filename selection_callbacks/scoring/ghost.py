@@ -3,11 +3,13 @@
 For a linear layer y_t = W a_t, sample i's gradient is G_i = Σ_t b_t a_tᵀ with b_t = ∂ℓ_i/∂y_t.
 One forward over R = N candidate rows ++ P proxy rows captures a (forward hooks) and one
 ``torch.autograd.grad`` of Σ_r ℓ_r with respect to the earliest captured activations (the first
-float input, plus the outputs of layers fed by ids) yields every b through tensor hooks, layer by
-layer, so b is consumed as it appears and no parameter ``.grad`` is read or written (gradient
-accumulation and DDP buckets are untouched). With ``candidate_chunk`` the proxy rows ride with the
-first chunk of candidates (fixing each layer's P and Q) and the rest follow in chunks of their own,
-so activation memory does not grow with N. Per layer:
+float input, plus the outputs of layers fed by ids) yields every b through tensor hooks; no
+parameter ``.grad`` is read or written (gradient accumulation and DDP buckets are untouched).
+With ``candidate_chunk`` the proxy rows ride with the first chunk of candidates (fixing each
+layer's P and Q) and the rest follow in chunks of their own, so activation memory does not grow
+with N. After each backward, layers of one shape and one optimizer group are stacked and scored
+together (one kernel per group rather than per layer: a GPU is launch-bound at these sizes). Per
+layer:
 
 - proxy direction ḡ = (1/P) Σ_p G_p, preconditioned Q = P ḡ (P self-adjoint, see preconditioners);
 - exact utilities u_i = ⟨P G_i, ḡ⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
@@ -24,11 +26,10 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from selection_callbacks.scoring.preconditioners import DiagonalMap, Preconditioner, ScalarMap
+from selection_callbacks.scoring.preconditioners import DiagonalMap, Preconditioner, Resolver, ScalarMap
 from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSidedProjection
 
 SketchKind = Literal["tensor", "count", "two_sided"]
-Resolver = Callable[[nn.Parameter, torch.Tensor], Preconditioner]
 
 
 @dataclass
@@ -121,7 +122,9 @@ class GhostEngine:
             raise ValueError(f"candidate_chunk must be ≥ 1 or None, got {candidate_chunk}")
         self.sketch_dim, self.sketch, self.norms, self.chunk = sketch_dim, sketch, norms, chunk
         self.candidate_chunk = candidate_chunk
-        self._sketchers: dict[tuple[str, int], object] = {}
+        self._modules = dict(self.layers)
+        self._index = {name: i for i, (name, _) in enumerate(self.layers)}
+        self._sketchers: dict[tuple, object] = {}
 
     # ---- capture ----
     def score(
@@ -141,7 +144,7 @@ class GhostEngine:
         n_rows = rows["input_ids"].shape[0]
         if not 0 < n_candidates < n_rows:
             raise ValueError(f"need candidates and ≥ 1 proxy row: N={n_candidates} of R={n_rows} rows")
-        maps: dict[str, _LayerMaps] = {}
+        maps: dict[tuple[str, ...], _LayerMaps] = {}
         c = min(self.candidate_chunk or n_candidates, n_candidates)
         first = rows if c == n_candidates else _take(rows, torch.cat([torch.arange(c), torch.arange(n_candidates, n_rows)]), n_rows)
         passes = [self._pass(loss_fn, first, _PassState(c, n_rows - n_candidates, preconditioner, seed, maps))]
@@ -149,7 +152,8 @@ class GhostEngine:
             hi = min(lo + c, n_candidates)
             passes.append(self._pass(loss_fn, _take(rows, torch.arange(lo, hi), n_rows), _PassState(hi - lo, 0, preconditioner, seed, maps)))
         losses = torch.cat([passes[0].losses[:c], *(s.losses for s in passes[1:]), passes[0].losses[c:]])
-        layer_utilities = {name: torch.cat([s.utilities[name] for s in passes]) for name in passes[0].utilities}
+        order = [name for name, _ in self.layers if name in passes[0].utilities]
+        layer_utilities = {name: torch.cat([s.utilities[name] for s in passes]) for name in order}
         sketches = [s.sketch for s in passes if s.sketch is not None]
         norms = [s.sq_norms for s in passes if s.sq_norms is not None]
         return GhostScores(
@@ -158,12 +162,13 @@ class GhostEngine:
             losses=losses,
             sketches=torch.cat(sketches) if sketches else None,
             sq_norms=torch.cat(norms) if norms else None,
-            factor_error={name: m.factor_error for name, m in maps.items() if m.factor_error is not None},
+            factor_error={name: m.factor_error[i] for names, m in maps.items() if m.factor_error is not None
+                          for i, name in enumerate(names)},
             shared=passes[0].shared,
         )
 
     def _pass(self, loss_fn: Callable[[MutableMapping], torch.Tensor], rows: MutableMapping, state: "_PassState") -> "_PassState":
-        """One forward/backward over ``rows`` with the capture hooks on; fills ``state``."""
+        """One forward/backward over ``rows`` with the capture hooks on, then the scores; fills ``state``."""
         handles = [m.register_forward_hook(self._forward_hook(name, state), with_kwargs=True) for name, m in self.layers]
         try:
             with torch.enable_grad():
@@ -174,25 +179,27 @@ class GhostEngine:
         finally:
             for h in handles:
                 h.remove()
-        missing = [name for name, _ in self.layers if name not in state.done and name not in state.shared]
+        missing = [name for name, _ in self.layers if name not in state.grads and name not in state.shared]
         if missing:
             raise RuntimeError(
-                f"ghost capture saw {len(state.done)} of {len(self.layers)} layers (missing e.g. {missing[:3]}): hooks did not "
+                f"ghost capture saw {len(state.grads)} of {len(self.layers)} layers (missing e.g. {missing[:3]}): hooks did not "
                 "fire, as under torch.compile; score the eager module instead of returning partial scores"
             )
         state.losses = losses.detach()
+        with torch.no_grad(), torch.autocast(losses.device.type, enabled=False):  # contractions in float32
+            for names in self._groups(state):
+                self._group_scores(names, state)
         return state
 
     def _forward_hook(self, name: str, state: "_PassState") -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
             if not torch.is_grad_enabled() or not output.requires_grad:
                 return
-            if name in state.seen:
+            if name in state.inputs:
                 raise RuntimeError(
                     f"ghost scoring: layer {name!r} ran twice in one forward (shared weights); its per-sample "
                     "gradient would mix both calls: pass exclude=[...] to score the other layers"
                 )
-            state.seen.add(name)
             x = args[0] if args else next(iter(kwargs.values()))
             rows = state.n + state.p
             if isinstance(module, nn.Embedding) and x.ndim == 1:  # a position table, broadcast over rows
@@ -207,109 +214,129 @@ class GhostEngine:
                 state.roots.append(output)  # a branch that starts here (token ids, raw features)
             elif not state.roots:
                 state.roots.append(x)  # the earliest activation: the backward to it reaches every later layer
-            captured = x.detach()
-            output.register_hook(lambda grad: self._layer_backward(name, module, captured, grad, state))
+            state.inputs[name] = x.detach()
+            output.register_hook(lambda grad: state.grads.__setitem__(name, grad))
 
         return hook
 
-    # ---- per-layer math ----
-    def _layer_backward(self, name: str, module: nn.Module, a: torch.Tensor, grad: torch.Tensor, state: "_PassState") -> None:
-        """The layer's share of the scores once its b arrives, in float32 even under autocast."""
-        with torch.autocast(grad.device.type, enabled=False):
-            self._layer_scores(name, module, a, grad, state)
+    def _groups(self, state: "_PassState") -> list[tuple[str, ...]]:
+        """Captured layers grouped for stacking: same module type, weight and bias shapes, optimizer group.
 
-    def _layer_scores(self, name: str, module: nn.Module, a: torch.Tensor, grad: torch.Tensor, state: "_PassState") -> None:
-        state.done.add(name)
-        R, N = grad.shape[0], state.n
-        B = grad.reshape(R, -1, grad.shape[-1]).float()
-        if isinstance(module, nn.Embedding):
-            self._embedding(name, module, a.reshape(R, -1), B, state)
+        Embeddings stay alone (their sketch and norm paths are per table).
+        """
+        groups: dict[tuple, list[str]] = {}
+        for name, module in self.layers:
+            if name not in state.grads:
+                continue
+            if isinstance(module, nn.Embedding):
+                key: tuple = (name,)
+            else:
+                bias = module.bias
+                key = (module.weight.shape, state.resolve.group_key(module.weight),
+                       None if bias is None else state.resolve.group_key(bias))
+            groups.setdefault(key, []).append(name)
+        return [tuple(names) for names in groups.values()]
+
+    # ---- per-group math ----
+    def _group_scores(self, names: tuple[str, ...], state: "_PassState") -> None:
+        """The scores of same-shaped layers ``names``, stacked: A [L, R, T, d_in], B [L, R, T, d_out]."""
+        modules = [self._modules[name] for name in names]
+        inputs = [state.inputs.pop(name) for name in names]
+        grads = [state.grads.pop(name) for name in names]
+        R, N = grads[0].shape[0], state.n
+        if isinstance(modules[0], nn.Embedding):
+            self._embedding(names[0], modules[0], inputs[0].reshape(R, -1), grads[0].reshape(R, -1, grads[0].shape[-1]).float(), state)
             return
-        A = a.reshape(R, -1, a.shape[-1]).float()
-        maps = state.maps.get(name)
-        if maps is None:  # the pass carrying the proxy rows fixes the layer's map
-            maps = state.maps[name] = self._linear_maps(module, B[N:], A[N:], state)
+        B = torch.stack(grads).reshape(len(names), R, -1, grads[0].shape[-1]).float()
+        A = torch.stack(inputs).reshape(len(names), R, -1, inputs[0].shape[-1]).float()
+        del inputs, grads
+        maps = state.maps.get(names)
+        if maps is None:  # the pass carrying the proxy rows fixes the group's maps
+            maps = state.maps[names] = self._linear_maps(modules, B[:, N:], A[:, N:], state)
         if N == 0:
             return
-        B, A = B[:N], A[:N]
-        u = (B @ maps.Q).mul_(A).sum((1, 2))
+        B, A = B[:, :N], A[:, :N]
+        u = (B @ maps.Q[:, None]).mul_(A).sum((2, 3))  # [L, N]
         bias_pg = None
         if maps.bias_pre is not None:  # G_bias = Σ_t b_t
-            bias_pg = maps.bias_pre.apply(B.sum(1))  # [N, d_out]
-            u = u + bias_pg @ maps.gbar_bias
-        state.utilities[name] = u
+            bias_pg = maps.bias_pre.apply(B.sum(2))  # [L, N, d_out]
+            u = u + (bias_pg * maps.gbar_bias[:, None, :]).sum(-1)
+        state.utilities.update(zip(names, u.unbind(0)))
         if self.sketch_dim:
-            state.add_sketch(self._sketch_linear(name, maps.pre, B, A, state))
+            state.add_sketch(self._sketch_linear(names, maps.pre, B, A, state))
             if bias_pg is not None:
-                cs = self._sketcher(name + ".bias", CountSketch, bias_pg.shape[1], 1, state.seed, B.device)
-                state.add_sketch(cs(bias_pg[:, :, None]))
+                cs = self._sketcher(tuple(n + ".bias" for n in names), CountSketch, bias_pg.shape[-1], 1, state.seed, B.device)
+                state.add_sketch(cs(bias_pg[..., None]))
         if self.norms:
-            state.add_norm(self._sq_norms(maps.pre, B, A) + (0.0 if bias_pg is None else bias_pg.pow(2).sum(1)))
+            sq = self._sq_norms(maps.pre, B, A).sum(0)
+            state.add_norm(sq if bias_pg is None else sq + bias_pg.pow(2).sum((0, 2)))
 
-    def _linear_maps(self, module: nn.Module, B: torch.Tensor, A: torch.Tensor, state: "_PassState") -> "_LayerMaps":
-        """P and Q = P ḡ of a linear layer from the proxy rows' B [P, T, d_out], A [P, T, d_in]."""
-        gbar = (B.flatten(0, 1).T @ A.flatten(0, 1)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P
-        pre = state.resolve(module.weight, gbar)
+    def _linear_maps(self, modules: list[nn.Module], B: torch.Tensor, A: torch.Tensor, state: "_PassState") -> "_LayerMaps":
+        """P and Q = P ḡ of stacked linear layers from the proxy rows' B [L, P, T, d_out], A [L, P, T, d_in]."""
+        gbar = (B.flatten(1, 2).mT @ A.flatten(1, 2)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P, [L, d_out, d_in]
+        pre = state.resolve([m.weight for m in modules], gbar)
         maps = _LayerMaps(pre, pre.apply(gbar))
-        if module.bias is not None:
-            maps.gbar_bias = B.sum(1).mean(0)
-            maps.bias_pre = state.resolve(module.bias, maps.gbar_bias)
+        if modules[0].bias is not None:
+            maps.gbar_bias = B.sum(2).mean(1)
+            maps.bias_pre = state.resolve([m.bias for m in modules], maps.gbar_bias)
         if self.sketch_dim and self.sketch != "count" and isinstance(pre, DiagonalMap):
             maps.factor_error = pre.factor_error
         return maps
 
-    def _sketcher(self, name: str, cls: type, d_out: int, d_in: int, seed: int, device: torch.device):
-        key = (f"{name}:{cls.__name__}", seed)
+    def _sketcher(self, names: tuple[str, ...], cls: type, d_out: int, d_in: int, seed: int, device: torch.device):
+        """The sketch of layers ``names`` (a bias is ``<layer>.bias``), hashed by (seed, layer index)."""
+        key = (names, cls.__name__, seed)
         if key not in self._sketchers:
-            names = [n for n, _ in self.layers]
-            layer = names.index(name) if name in names else len(names) + names.index(name.rsplit(".", 1)[0])
-            self._sketchers = {k: v for k, v in self._sketchers.items() if k[1] == seed}
-            self._sketchers[key] = cls(self.sketch_dim, d_out, d_in, seed, layer, device)
+            layers = [self._index[n] if n in self._index else len(self._index) + self._index[n.rsplit(".", 1)[0]] for n in names]
+            self._sketchers = {k: v for k, v in self._sketchers.items() if k[2] == seed}
+            self._sketchers[key] = cls(self.sketch_dim, d_out, d_in, seed, layers, device)
         return self._sketchers[key]
 
     def _materialised(self, pre: Preconditioner, B: torch.Tensor, A: torch.Tensor):
-        for i in range(0, B.shape[0], self.chunk):
-            yield pre.apply(torch.einsum("nto,nti->noi", B[i : i + self.chunk], A[i : i + self.chunk]))
+        """P G_i [L, chunk, d_out, d_in] in candidate chunks."""
+        for i in range(0, B.shape[1], self.chunk):
+            yield pre.apply(torch.einsum("lnto,lnti->lnoi", B[:, i : i + self.chunk], A[:, i : i + self.chunk]))
 
-    def _sketch_linear(self, name: str, pre: Preconditioner, B: torch.Tensor, A: torch.Tensor, state: "_PassState") -> torch.Tensor:
+    def _sketch_linear(self, names: tuple[str, ...], pre: Preconditioner, B: torch.Tensor, A: torch.Tensor, state: "_PassState") -> torch.Tensor:
         d_out, d_in = B.shape[-1], A.shape[-1]
         if self.sketch == "count":
-            cs = self._sketcher(name, CountSketch, d_out, d_in, state.seed, B.device)
+            cs = self._sketcher(names, CountSketch, d_out, d_in, state.seed, B.device)
             return torch.cat([cs(G) for G in self._materialised(pre, B, A)])
         cls = TensorSketch if self.sketch == "tensor" else TwoSidedProjection
-        sketcher = self._sketcher(name, cls, d_out, d_in, state.seed, B.device)
+        sketcher = self._sketcher(names, cls, d_out, d_in, state.seed, B.device)
         if hasattr(pre, "token_scales"):  # elementwise token factors: fold the scales into the hashes' signs
             return sketcher(B, A, *pre.token_scales())
         return sketcher(*pre.token_factors(B, A))
 
     def _sq_norms(self, pre: Preconditioner, B: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
-        T, d_out, d_in = B.shape[1], B.shape[-1], A.shape[-1]
+        """[L, N] ‖P G_i‖² per layer."""
+        T, d_out, d_in = B.shape[2], B.shape[-1], A.shape[-1]
         if pre.exact_factors and 2 * T * T <= d_in * d_out:
             b2, a2 = pre.token_factors(B, A)
-            return ((a2 @ a2.transpose(1, 2)) * (b2 @ b2.transpose(1, 2))).sum((1, 2))
-        return torch.cat([G.pow(2).sum((1, 2)) for G in self._materialised(pre, B, A)])
+            return ((a2 @ a2.mT) * (b2 @ b2.mT)).sum((2, 3))
+        return torch.cat([G.pow(2).sum((2, 3)) for G in self._materialised(pre, B, A)], 1)
 
     def _embedding(self, name: str, module: nn.Embedding, ids: torch.Tensor, B: torch.Tensor, state: "_PassState") -> None:
         N, V, d = state.n, module.num_embeddings, B.shape[-1]
-        maps = state.maps.get(name)
+        maps = state.maps.get((name,))
         if maps is None:
             gbar = torch.zeros(V, d, device=B.device).index_add_(0, ids[N:].reshape(-1), B[N:].reshape(-1, d))
             gbar /= state.proxy_rows()
-            pre = state.resolve(module.weight, gbar)
+            pre = state.resolve([module.weight], gbar[None])
             if not isinstance(pre, (DiagonalMap, ScalarMap)):
                 raise TypeError(f"embedding {name!r} is preconditioned by {type(pre).__name__}; only elementwise maps apply")
-            maps = state.maps[name] = _LayerMaps(pre, pre.apply(gbar))
+            maps = state.maps[(name,)] = _LayerMaps(pre, pre.apply(gbar[None])[0])
         if N == 0:
             return
         ids, B, pre = ids[:N], B[:N], maps.pre
         state.utilities[name] = (maps.Q[ids] * B).sum((1, 2))
-        rows = pre.C * pre.D[ids] * B if isinstance(pre, DiagonalMap) else pre.c * B
+        rows = pre.C * pre.D[0][ids] * B if isinstance(pre, DiagonalMap) else pre.c * B
         if self.sketch_dim:
             if self.sketch == "tensor":
-                state.add_sketch(self._sketcher(name, TensorSketch, V, d, state.seed, B.device).one_hot(rows, ids, V))
+                state.add_sketch(self._sketcher((name,), TensorSketch, V, d, state.seed, B.device).one_hot(rows, ids, V))
             elif self.sketch == "count":
-                cs = self._sketcher(name, CountSketch, V, d, state.seed, B.device)
-                state.add_sketch(torch.cat([cs(G) for G in self._embedding_mats(ids, rows, V)]))
+                cs = self._sketcher((name,), CountSketch, V, d, state.seed, B.device)
+                state.add_sketch(torch.cat([cs(G[None]) for G in self._embedding_mats(ids, rows, V)]))
             else:
                 raise ValueError("two-sided sketches do not cover embeddings; use sketch='tensor' or 'count'")
         if self.norms:
@@ -326,7 +353,8 @@ class GhostEngine:
 
 @dataclass
 class _LayerMaps:
-    """What the proxy rows fix for one layer: its map P, Q = P ḡ, the bias terms, AdamW's factor error."""
+    """What the proxy rows fix for a group of L stacked layers: the map P, Q = P ḡ [L, ...], the bias
+    terms, AdamW's factor error [L]."""
 
     pre: Preconditioner
     Q: torch.Tensor
@@ -336,15 +364,15 @@ class _LayerMaps:
 
 
 class _PassState:
-    """Accumulators of one forward/backward over n candidate rows then p proxy rows (either may be 0);
-    ``maps`` is shared by the passes of one scoring call."""
+    """Captures and accumulators of one forward/backward over n candidate rows then p proxy rows
+    (either may be 0); ``maps`` is shared by the passes of one scoring call."""
 
-    def __init__(self, n: int, p: int, resolve: Resolver, seed: int, maps: dict[str, _LayerMaps]) -> None:
+    def __init__(self, n: int, p: int, resolve: Resolver, seed: int, maps: dict[tuple[str, ...], _LayerMaps]) -> None:
         self.n, self.p, self.resolve, self.seed, self.maps = n, p, resolve, seed, maps
         self.roots: list[torch.Tensor] = []
         self.shared: list[str] = []
-        self.seen: set[str] = set()
-        self.done: set[str] = set()
+        self.inputs: dict[str, torch.Tensor] = {}
+        self.grads: dict[str, torch.Tensor] = {}
         self.utilities: dict[str, torch.Tensor] = {}
         self.losses: torch.Tensor | None = None
         self.sketch: torch.Tensor | None = None

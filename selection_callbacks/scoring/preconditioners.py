@@ -5,12 +5,16 @@ OPUS/GREATS utilities are ⟨P G_i, ḡ⟩. Every map here is self-adjoint, so �
 and ``apply`` serves both sides. ``token_factors`` maps one rank-1 token term b aᵀ to
 P(b aᵀ) = b' a'ᵀ (exact for scalar and Muon maps; for AdamW only after the rank-1
 factorisation D ≈ r cᵀ, whose relative error ``factor_error`` reports).
+
+A map covers L parameters of one shape stacked (the engine scores same-shaped layers together, so
+a GPU sees one kernel per group instead of one per layer): its tensors carry a leading layer
+dimension, and every method takes tensors [L, ..., *shape] with any number of middle dimensions.
 """
 
 from __future__ import annotations
 
 import math
-from collections.abc import Callable
+from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
 import torch
@@ -18,17 +22,33 @@ from torch.optim._muon import _adjust_lr
 
 from models.optim import MuonWithAdamW
 
+Scale = float | torch.Tensor  # a Python number shared by the L layers, or a [L] tensor
+
 
 class Preconditioner(Protocol):
     exact_factors: bool
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
-        """P g for a gradient of the parameter's shape."""
+        """P g for gradients [L, ..., *shape]."""
         ...
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        """(b', a') with P(b aᵀ) = b' a'ᵀ per token; b [..., d_out], a [..., d_in]."""
+        """(b', a') with P(b aᵀ) = b' a'ᵀ per token; b [L, ..., d_out], a [L, ..., d_in]."""
         ...
+
+
+def lead(x: Scale, ndim: int) -> Scale:
+    """A per-layer tensor [L, *rest] viewed as [L, 1, ..., 1, *rest] with ``ndim`` dims (numbers pass)."""
+    if not isinstance(x, torch.Tensor):
+        return x
+    return x.reshape(x.shape[0], *([1] * (ndim - x.ndim)), *x.shape[1:])
+
+
+def per_layer(values: Sequence[float], device: torch.device) -> Scale:
+    """One Python number when the layers agree (no host→device copy, no sync), else a [L] tensor."""
+    if all(v == values[0] for v in values):
+        return float(values[0])
+    return torch.tensor(values, dtype=torch.float32, device=device)
 
 
 class ScalarMap:
@@ -36,18 +56,18 @@ class ScalarMap:
 
     exact_factors = True
 
-    def __init__(self, c: float) -> None:
+    def __init__(self, c: Scale) -> None:
         self.c = c
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
-        return self.c * g
+        return lead(self.c, g.ndim) * g
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        return self.c * b, a
+        return lead(self.c, b.ndim) * b, a
 
-    def token_scales(self) -> tuple[float, None]:
-        """(c, None): token_factors(b, a) = (c·b, a)."""
-        return self.c, None
+    def token_scales(self) -> tuple[Scale, None]:
+        """(c as a number or [L, 1], None): token_factors(b, a) = (c·b, a)."""
+        return lead(self.c, 2), None
 
 
 TENSOR_FLOOR = 1e-2
@@ -55,7 +75,7 @@ POWER_ITERATIONS = 2  # the rank-1 error after 2 iterations equals that after 30
 
 
 class DiagonalMap:
-    """P g = C·(D ⊙ g): AdamW with the second moment frozen.
+    """P g = C·(D ⊙ g): AdamW with the second moment frozen; D [L, *shape], C a number or [L].
 
     Torch's AdamW at step s+1 moves θ by −lr/(1−β1^(s+1)) · m/(√v/√(1−β2^(s+1)) + ε); the part
     linear in the fresh g gives C = lr(1−β1)√(1−β2^(s+1))/(1−β1^(s+1)) and
@@ -68,48 +88,48 @@ class DiagonalMap:
 
     exact_factors = False
 
-    def __init__(self, C: float, D: torch.Tensor) -> None:
+    def __init__(self, C: Scale, D: torch.Tensor) -> None:
         self.C, self.D = C, D
         self._factors: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def factor_error(self) -> torch.Tensor:
-        """‖D − r cᵀ‖_F / ‖D‖_F of the rank-1 factorisation (a 0-dim tensor: no device sync).
+        """[L] ‖D − r cᵀ‖_F / ‖D‖_F of the rank-1 factorisation (no device sync).
 
         The power iteration ends with c = Dᵀr/‖r‖², so rᵀD c = ‖r‖²‖c‖² and
         ‖D − r cᵀ‖² = ‖D‖² − ‖r‖²‖c‖²: no outer product, no further pass over D but its norm.
         """
         r, c = self.rank1()
-        if c.numel() == 0:
-            return torch.zeros((), device=self.D.device)
-        sq = torch.linalg.vector_norm(self.D).square()
-        return ((sq - r.dot(r) * c.dot(c)).clamp(min=0) / sq).sqrt()
+        if c.shape[-1] == 0:
+            return torch.zeros(self.D.shape[0], device=self.D.device)
+        sq = self.D.flatten(1).square().sum(1)
+        return ((sq - r.square().sum(1) * c.square().sum(1)).clamp(min=0) / sq).sqrt()
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
-        return (self.D * g).mul_(self.C)
+        return (lead(self.D, g.ndim) * g).mul_(lead(self.C, g.ndim))
 
     def rank1(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """Best rank-1 r cᵀ ≈ D (power iteration on the positive matrix D)."""
+        """Best rank-1 r cᵀ ≈ D per layer (power iteration on the positive matrices): r [L, d_out], c [L, d_in]."""
         if self._factors is None:
             D = self.D
-            if D.ndim == 1:
-                self._factors = (D, torch.ones(0, device=D.device))
+            if D.ndim == 2:  # vectors (biases, norms): D itself, no column factor
+                self._factors = (D, D.new_ones(D.shape[0], 0))
                 return self._factors
-            c = D.mean(0)
+            c = D.mean(1)
             for _ in range(POWER_ITERATIONS):
-                r = D @ c / c.dot(c)
-                c = D.T @ r / r.dot(r)
+                r = torch.einsum("loi,li->lo", D, c).div_((c * c).sum(1, keepdim=True))
+                c = torch.einsum("loi,lo->li", D, r).div_((r * r).sum(1, keepdim=True))
             self._factors = (r, c)
         return self._factors
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         scale_b, scale_a = self.token_scales()
-        return scale_b * b, scale_a * a
+        return lead(scale_b, b.ndim) * b, lead(scale_a, a.ndim) * a
 
     def token_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(C·r, c): token_factors(b, a) = (C·r ⊙ b, c ⊙ a), for sketches that fold the scales in."""
+        """(C·r [L, d_out], c [L, d_in]): token_factors(b, a) = (C·r ⊙ b, c ⊙ a), for sketches that fold the scales in."""
         r, c = self.rank1()
-        return self.C * r, c
+        return lead(self.C, 2) * r, c
 
 
 class MuonMap:
@@ -119,20 +139,22 @@ class MuonMap:
     orientation, each multiply X on the left by a polynomial of X₀X₀ᵀ; their product L is
     symmetric and NS(ū) = L X₀. Holding L fixed, the fresh gradient's share of the update,
     coef·g (coef = 1 − μ² with Nesterov, 1 − μ without), maps to lr_adj·coef/‖ū‖_F · L g.
+    ``scale`` is [L] (or a number), ``L`` [L, d, d].
     """
 
     exact_factors = True
 
-    def __init__(self, scale: float | torch.Tensor, L: torch.Tensor, tall: bool) -> None:
+    def __init__(self, scale: Scale, L: torch.Tensor, tall: bool) -> None:
         self.scale, self.L, self.tall = scale, L, tall
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
-        return self.scale * (g @ self.L if self.tall else self.L @ g)
+        M = lead(self.L, g.ndim)
+        return lead(self.scale, g.ndim) * (g @ M if self.tall else M @ g)
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.tall:
-            return self.scale * b, a @ self.L
-        return self.scale * (b @ self.L), a
+            return lead(self.scale, b.ndim) * b, a @ lead(self.L, a.ndim)
+        return lead(self.scale, b.ndim) * (b @ lead(self.L, b.ndim)), a
 
 
 def newton_schulz_left_factor(
@@ -140,72 +162,106 @@ def newton_schulz_left_factor(
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(L, ‖u‖_F, tall): NS(u) = L·(u/‖u‖) in the wide orientation, computed in float32.
 
+    ``u`` is one matrix [m, n] or a stack [L, m, n] (then L [L, d, d] and norms [L]).
     Iterates on d×d matrices only (d the short side): with X_k = L_k X₀ and L_k a polynomial in
     A₀ = X₀X₀ᵀ (so they commute), A_k = X_k X_kᵀ = L_k² A₀ and each step S = aI + bA_k + cA_k²
     gives L ← S L, A ← S² A_k: four d×d products a step instead of two d×n ones and two d×d.
     """
-    tall = u.shape[0] > u.shape[1]
-    x = (u.T if tall else u).float()
-    norm = x.norm().clamp(min=eps)  # a 0-dim tensor: no device sync
-    x = x / norm
+    single = u.ndim == 2
+    u = u[None] if single else u
+    tall = u.shape[1] > u.shape[2]
+    x = (u.mT if tall else u).float()
+    norm = x.flatten(1).norm(dim=1).clamp(min=eps)  # no device sync
+    x = x / norm[:, None, None]
     a, b, c = coefficients
-    eye = torch.eye(x.shape[0], device=x.device, dtype=x.dtype)
-    A = x @ x.T
+    eye = torch.eye(x.shape[1], device=x.device, dtype=x.dtype).expand(x.shape[0], -1, -1)
+    a_eye = a * eye
+    A = x @ x.mT
     L = eye
     for step in range(steps):
-        S = torch.addmm(a * eye + b * A, A, A, alpha=c)
+        S = torch.baddbmm(torch.add(a_eye, A, alpha=b), A, A, alpha=c)
         L = S @ L
         if step < steps - 1:  # the last step's A would not be read
             A = S @ (S @ A)
-    return (L + L.T) / 2, norm, tall  # L is symmetric in exact arithmetic; keep it so in float32
+    L = (L + L.mT) / 2  # L is symmetric in exact arithmetic; keep it so in float32
+    return (L[0], norm[0], tall) if single else (L, norm, tall)
 
 
-def _adamw_map(opt: torch.optim.Optimizer, group: dict, p: torch.nn.Parameter, gbar: torch.Tensor) -> DiagonalMap:
+def _adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> DiagonalMap:
     if group.get("maximize", False):
         raise ValueError("AdamW with maximize=True is not supported by the ghost preconditioner")
     beta1, beta2 = group["betas"]
     lr, eps = float(group["lr"]), group["eps"]
-    state = opt.state.get(p, {})
-    s = int(state["step"]) if "step" in state else 0
-    v = state["exp_avg_sq"].float() if "exp_avg_sq" in state else torch.zeros_like(gbar, dtype=torch.float32)
-    if group.get("amsgrad", False) and "max_exp_avg_sq" in state:
-        v = torch.maximum(state["max_exp_avg_sq"].float() / beta2, v)
-    bc2 = 1.0 - beta2 ** (s + 1)
+    states = [opt.state.get(p, {}) for p in params]
+    v = _stacked_state(states, "exp_avg_sq", gbar)
+    if all("step" in st for st in states):  # one stack and one read, not a read per parameter
+        steps = [int(s) for s in torch.stack([torch.as_tensor(st["step"], dtype=torch.float32) for st in states]).tolist()]
+    else:
+        steps = [int(st["step"]) if "step" in st else 0 for st in states]
+    if group.get("amsgrad", False) and all("max_exp_avg_sq" in st for st in states):
+        v = torch.maximum(_stacked_state(states, "max_exp_avg_sq", gbar) / beta2, v)
+    bc2 = [1.0 - beta2 ** (s + 1) for s in steps]
     v_next = gbar.float().square().mul_(1 - beta2)
     torch.maximum(v_next, v * beta2, out=v_next)  # (1 − β2)ḡ² floors β2·v where v has not formed yet
-    v_next.clamp_(min=TENSOR_FLOOR * v_next.mean())  # rows neither trained nor in the proxy
-    C = lr * (1 - beta1) * math.sqrt(bc2) / (1 - beta1 ** (s + 1))
-    return DiagonalMap(C, v_next.sqrt_().add_(eps * math.sqrt(bc2)).reciprocal_())
+    floor = TENSOR_FLOOR * v_next.flatten(1).mean(1)  # rows neither trained nor in the proxy
+    torch.maximum(v_next, lead(floor, v_next.ndim), out=v_next)
+    C = per_layer([lr * (1 - beta1) * math.sqrt(b2) / (1 - beta1 ** (s + 1)) for b2, s in zip(bc2, steps)], gbar.device)
+    eps_term = lead(per_layer([eps * math.sqrt(b2) for b2 in bc2], gbar.device), v_next.ndim)
+    return DiagonalMap(C, v_next.sqrt_().add_(eps_term).reciprocal_())
 
 
-def _muon_map(opt: torch.optim.Optimizer, group: dict, p: torch.nn.Parameter, gbar: torch.Tensor) -> MuonMap:
+def _stacked_state(states: list[dict], key: str, like: torch.Tensor) -> torch.Tensor:
+    """The optimizer state ``key`` of each parameter stacked in float32 (zeros where it has not formed)."""
+    if all(key in st for st in states):
+        return torch.stack([st[key] for st in states]).float()
+    return torch.stack([st[key].float() if key in st else torch.zeros_like(g, dtype=torch.float32) for st, g in zip(states, like)])
+
+
+def _muon_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> MuonMap:
     mu, nesterov = group["momentum"], group["nesterov"]
-    buf = opt.state.get(p, {}).get("momentum_buffer")
+    bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
     coef = (1 - mu * mu) if nesterov else (1 - mu)
+    carry = mu * mu if nesterov else mu
     # reference update without the candidate: the momentum's share, or before the first step the proxy's
-    ref = coef * gbar if buf is None else (mu * mu if nesterov else mu) * buf
+    if all(buf is not None for buf in bufs):
+        ref = torch.stack(bufs).mul_(carry)
+    else:
+        ref = torch.stack([coef * g if buf is None else carry * buf for g, buf in zip(gbar, bufs)])
     L, norm, tall = newton_schulz_left_factor(ref, group["ns_coefficients"], group["ns_steps"], group["eps"])
-    lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], p.shape)
+    lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
     return MuonMap(lr * coef / norm, L, tall)
 
 
-def _sgd_map(opt: torch.optim.Optimizer, group: dict, p: torch.nn.Parameter, gbar: torch.Tensor) -> ScalarMap:
+def _sgd_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> ScalarMap:
     if group.get("maximize", False):
         raise ValueError("SGD with maximize=True is not supported by the ghost preconditioner")
     mu, damp, nesterov = group["momentum"], group["dampening"], group["nesterov"]
-    has_buf = opt.state.get(p, {}).get("momentum_buffer") is not None
-    coef = 1.0 if mu == 0 or not has_buf else (1 - damp)
-    if nesterov:
-        coef = 1.0 + mu * coef
-    return ScalarMap(float(group["lr"]) * coef)
+    coefs = []
+    for p in params:
+        has_buf = opt.state.get(p, {}).get("momentum_buffer") is not None
+        coef = 1.0 if mu == 0 or not has_buf else (1 - damp)
+        coefs.append(float(group["lr"]) * ((1.0 + mu * coef) if nesterov else coef))
+    return ScalarMap(per_layer(coefs, gbar.device))
 
 
 _MAPS: dict[type, Callable] = {torch.optim.SGD: _sgd_map, torch.optim.AdamW: _adamw_map, torch.optim.Muon: _muon_map}
 SUPPORTED = "torch.optim.SGD, torch.optim.AdamW, torch.optim.Muon, models.optim.MuonWithAdamW"
 
 
+class Resolver(Protocol):
+    """Maps stacked parameters of one shape (and one ``group_key``) to their preconditioner."""
+
+    def group_key(self, param: torch.nn.Parameter) -> Hashable:
+        """Parameters may share one stacked map only if their keys are equal."""
+        ...
+
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
+        """The map of ``params`` (``gbar`` [L, *shape], the proxy gradients, stand in for missing state)."""
+        ...
+
+
 class OptimizerPreconditioner:
-    """Resolves each parameter to its map from the live optimizer (per step: the state moves).
+    """Resolves parameters to their maps from the live optimizer (per step: the state moves).
 
     Args:
         optimizer: SGD, AdamW, Muon or the Muon+AdamW composite; anything else is an error.
@@ -220,12 +276,21 @@ class OptimizerPreconditioner:
             id(p): (opt, g) for opt in inner for g in opt.param_groups for p in g["params"]
         }
 
-    def __call__(self, param: torch.nn.Parameter, gbar: torch.Tensor) -> Preconditioner:
-        """The map for ``param`` (``gbar``, the proxy gradient, stands in for missing state)."""
+    def group_key(self, param: torch.nn.Parameter) -> Hashable:
+        """The parameter's optimizer group: one set of hyperparameters."""
+        return id(self._locate(param)[1])
+
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
+        """The stacked map for ``params`` (one optimizer group), ``gbar`` [L, *shape]."""
+        opt, group = self._locate(params[0])
+        if any(self._locate(p)[1] is not group for p in params[1:]):
+            raise ValueError("stacked parameters must share one optimizer group (see group_key)")
+        return _MAPS[type(opt)](opt, group, params, gbar)
+
+    def _locate(self, param: torch.nn.Parameter) -> tuple[torch.optim.Optimizer, dict]:
         if id(param) not in self._where:
             raise KeyError("a scored parameter is not in the optimizer")
-        opt, group = self._where[id(param)]
-        return _MAPS[type(opt)](opt, group, param, gbar)
+        return self._where[id(param)]
 
 
 class IdentityPreconditioner:
@@ -234,7 +299,10 @@ class IdentityPreconditioner:
     def __init__(self, c: float = 1.0) -> None:
         self.c = c
 
-    def __call__(self, param: torch.nn.Parameter, gbar: torch.Tensor) -> Preconditioner:
+    def group_key(self, param: torch.nn.Parameter) -> Hashable:
+        return None
+
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
         return ScalarMap(self.c)
 
 
@@ -250,7 +318,10 @@ class SGDStepPreconditioner:
         self._lr = {id(p): float(g["lr"]) for g in optimizer.param_groups for p in g["params"]}
         self.batch = batch
 
-    def __call__(self, param: torch.nn.Parameter, gbar: torch.Tensor) -> Preconditioner:
+    def group_key(self, param: torch.nn.Parameter) -> Hashable:
         if id(param) not in self._lr:
             raise KeyError("a scored parameter is not in the optimizer")
-        return ScalarMap(self._lr[id(param)] / self.batch)
+        return None
+
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
+        return ScalarMap(per_layer([self._lr[id(p)] / self.batch for p in params], gbar.device))

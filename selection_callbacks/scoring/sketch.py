@@ -8,7 +8,8 @@
 - :class:`TwoSidedProjection`: Σ_t (R_o b'_t)(R_i a'_t)ᵀ with Gaussian R, m = m_o·m_i; unbiased,
   but for low-rank G its error decays only like m^(-1/4).
 Each layer draws its own hashes from (seed, layer index), so per-layer sketches add into one
-m-dimensional vector and inner products stay unbiased across layers.
+m-dimensional vector and inner products stay unbiased across layers. Every sketch takes L
+same-shaped layers stacked along a leading dimension and returns their sum.
 """
 
 from __future__ import annotations
@@ -23,89 +24,114 @@ def _generator(seed: int, layer: int) -> torch.Generator:
 
 
 class TensorSketch:
-    """TensorSketch of per-token outer products, summed over tokens.
+    """TensorSketch of per-token outer products, summed over tokens and over L stacked layers.
+
+    Each layer draws its own hashes from (seed, layer index); the layers' count sketches land in
+    one [L, n, T, m] tensor, so a group of same-shaped layers costs one scatter, one FFT pair and
+    one inverse FFT (the sum over layers and tokens is taken in the frequency domain).
 
     Args:
         m: sketch dimension.
         d_out, d_in: factor dimensions.
-        seed, layer: select the hash functions.
-        chunk_elements: candidates per FFT chunk are chosen so that chunk·T·m stays within this
+        seed: selects the hash functions together with each layer index.
+        layers: the layer indices of the stacked layers.
+        chunk_elements: candidates per FFT chunk are chosen so that chunk·L·T·m stays within this
             many numbers. Default: 2^19 on CPU (cache-sized FFTs), 2^23 elsewhere (fewer, larger
             chunks: fewer kernel launches on a GPU).
     """
 
     def __init__(
-        self, m: int, d_out: int, d_in: int, seed: int, layer: int, device: torch.device, chunk_elements: int | None = None
+        self, m: int, d_out: int, d_in: int, seed: int, layers: list[int], device: torch.device, chunk_elements: int | None = None
     ) -> None:
-        g = _generator(seed, layer)
         self.m = m
         self.chunk_elements = chunk_elements or (1 << 19 if torch.device(device).type == "cpu" else 1 << 23)
-        self.h1 = torch.randint(0, m, (d_out,), generator=g).to(device)
-        self.s1 = (torch.randint(0, 2, (d_out,), generator=g) * 2 - 1).float().to(device)
-        self.h2 = torch.randint(0, m, (d_in,), generator=g).to(device)
-        self.s2 = (torch.randint(0, 2, (d_in,), generator=g) * 2 - 1).float().to(device)
+        tables = [self._hashes(m, d_out, d_in, _generator(seed, layer)) for layer in layers]
+        self.h1, self.s1, self.h2, self.s2 = (torch.stack(t).to(device) for t in zip(*tables))
+
+    @staticmethod
+    def _hashes(m: int, d_out: int, d_in: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+        h1 = torch.randint(0, m, (d_out,), generator=g)
+        s1 = (torch.randint(0, 2, (d_out,), generator=g) * 2 - 1).float()
+        h2 = torch.randint(0, m, (d_in,), generator=g)
+        s2 = (torch.randint(0, 2, (d_in,), generator=g) * 2 - 1).float()
+        return h1, s1, h2, s2
 
     def _count(self, x: torch.Tensor, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """x [L, n, T, d] → [L, n, T, m], hashing each layer's d coordinates by its own h, s [L, d]."""
         out = torch.zeros(*x.shape[:-1], self.m, device=x.device, dtype=torch.float32)
-        return out.index_add_(x.ndim - 1, h, x.float() * s)
+        index = h[:, None, None, :].expand(*x.shape)
+        return out.scatter_add_(-1, index, x.float() * s[:, None, None, :])
 
-    def _chunk(self, tokens: int) -> int:
-        return max(1, self.chunk_elements // (tokens * self.m))
+    def _chunk(self, layers: int, tokens: int) -> int:
+        return max(1, self.chunk_elements // (layers * tokens * self.m))
 
     def __call__(self, b: torch.Tensor, a: torch.Tensor, scale_b=None, scale_a=None) -> torch.Tensor:
-        """b [N, T, d_out], a [N, T, d_in] → [N, m]; optional scales ([d] or scalars) multiply b and a first."""
+        """b [L, N, T, d_out], a [L, N, T, d_in] → [N, m]; optional scales ([L, d], [L, 1] or numbers) multiply b and a first."""
         s1 = self.s1 if scale_b is None else self.s1 * scale_b
         s2 = self.s2 if scale_a is None else self.s2 * scale_a
-        out, chunk = [], self._chunk(b.shape[1])
-        for i in range(0, b.shape[0], chunk):
-            fb = torch.fft.rfft(self._count(b[i : i + chunk], self.h1, s1), n=self.m)
-            fa = torch.fft.rfft(self._count(a[i : i + chunk], self.h2, s2), n=self.m)
-            out.append(torch.fft.irfft(fb.mul_(fa).sum(1), n=self.m))
+        out, chunk = [], self._chunk(b.shape[0], b.shape[2])
+        for i in range(0, b.shape[1], chunk):
+            fb = torch.fft.rfft(self._count(b[:, i : i + chunk], self.h1, s1), n=self.m)
+            fa = torch.fft.rfft(self._count(a[:, i : i + chunk], self.h2, s2), n=self.m)
+            out.append(torch.fft.irfft(fb.mul_(fa).sum((0, 2)), n=self.m))
         return torch.cat(out)
 
     def one_hot(self, b: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
-        """Embedding rows: G = Σ_t e_{x_t} b_tᵀ with b [N, T, d] (the "out" factor is the one-hot row index)."""
-        # treat the embedding weight [V, d] as d_out = V (hashed by h1 over ids), d_in = d
-        out, chunk = [], self._chunk(b.shape[1])
+        """One embedding (L = 1): G = Σ_t e_{x_t} b_tᵀ with b [N, T, d] (the "out" factor is the one-hot row index)."""
+        h1, s1 = self.h1[0], self.s1[0]
+        out, chunk = [], self._chunk(1, b.shape[1])
         for i in range(0, b.shape[0], chunk):
             idc = ids[i : i + chunk]
             cs_row = torch.zeros(*idc.shape, self.m, device=b.device)
-            cs_row.scatter_(-1, self.h1[idc].unsqueeze(-1), self.s1[idc].unsqueeze(-1))
+            cs_row.scatter_(-1, h1[idc].unsqueeze(-1), s1[idc].unsqueeze(-1))
             fb = torch.fft.rfft(cs_row, n=self.m)
-            fa = torch.fft.rfft(self._count(b[i : i + chunk], self.h2, self.s2), n=self.m)
+            fa = torch.fft.rfft(self._count(b[None, i : i + chunk], self.h2, self.s2)[0], n=self.m)
             out.append(torch.fft.irfft((fb * fa).sum(1), n=self.m))
         return torch.cat(out)
 
 
 class CountSketch:
-    """CountSketch of vec(M) for explicit matrices M [N, d_out, d_in] (the reference sketch)."""
+    """CountSketch of vec(M) for explicit matrices, summed over L stacked layers (the reference sketch)."""
 
-    def __init__(self, m: int, d_out: int, d_in: int, seed: int, layer: int, device: torch.device) -> None:
-        g = _generator(seed, layer)
+    def __init__(self, m: int, d_out: int, d_in: int, seed: int, layers: list[int], device: torch.device) -> None:
         self.m = m
-        self.h = torch.randint(0, m, (d_out * d_in,), generator=g).to(device)
-        self.s = (torch.randint(0, 2, (d_out * d_in,), generator=g) * 2 - 1).float().to(device)
+        tables = []
+        for layer in layers:
+            g = _generator(seed, layer)
+            h = torch.randint(0, m, (d_out * d_in,), generator=g)
+            tables.append((h, (torch.randint(0, 2, (d_out * d_in,), generator=g) * 2 - 1).float()))
+        self.h, self.s = (torch.stack(t).to(device) for t in zip(*tables))
 
     def __call__(self, mats: torch.Tensor) -> torch.Tensor:
-        flat = mats.reshape(mats.shape[0], -1).float() * self.s
-        return torch.zeros(mats.shape[0], self.m, device=mats.device).index_add_(1, self.h, flat)
+        """mats [L, n, d_out, d_in] → [n, m]."""
+        flat = mats.flatten(2).float() * self.s[:, None, :]
+        out = torch.zeros(*flat.shape[:2], self.m, device=mats.device)
+        return out.scatter_add_(2, self.h[:, None, :].expand(*flat.shape), flat).sum(0)
 
 
 class TwoSidedProjection:
-    """Σ_t (R_o b_t)(R_i a_t)ᵀ flattened, with R entries N(0, 1/m_side): m = m_side²."""
+    """Σ_l Σ_t (R_o b_t)(R_i a_t)ᵀ flattened over L stacked layers, R entries N(0, 1/m_side): m = m_side²."""
 
-    def __init__(self, m: int, d_out: int, d_in: int, seed: int, layer: int, device: torch.device) -> None:
+    def __init__(self, m: int, d_out: int, d_in: int, seed: int, layers: list[int], device: torch.device) -> None:
         side = int(math.isqrt(m))
         if side * side != m:
             raise ValueError(f"two-sided projection needs a square sketch dimension, got m={m}")
-        g = _generator(seed, layer)
-        self.ro = (torch.randn(side, d_out, generator=g) / math.sqrt(side)).to(device)
-        self.ri = (torch.randn(side, d_in, generator=g) / math.sqrt(side)).to(device)
+        ro, ri = [], []
+        for layer in layers:
+            g = _generator(seed, layer)
+            ro.append(torch.randn(side, d_out, generator=g) / math.sqrt(side))
+            ri.append(torch.randn(side, d_in, generator=g) / math.sqrt(side))
+        self.ro, self.ri = torch.stack(ro).to(device), torch.stack(ri).to(device)
 
     def __call__(self, b: torch.Tensor, a: torch.Tensor, scale_b=None, scale_a=None) -> torch.Tensor:
-        """b [N, T, d_out], a [N, T, d_in] → [N, m]; optional scales ([d] or scalars) multiply b and a first."""
-        ro = self.ro if scale_b is None else self.ro * scale_b
-        ri = self.ri if scale_a is None else self.ri * scale_a
-        pb = b.float() @ ro.T  # [N, T, side]
-        pa = a.float() @ ri.T
-        return torch.einsum("nto,nti->noi", pb, pa).reshape(b.shape[0], -1)
+        """b [L, N, T, d_out], a [L, N, T, d_in] → [N, m]; optional scales ([L, d], [L, 1] or numbers) multiply b and a first."""
+        ro = self.ro if scale_b is None else self.ro * _columns(scale_b)
+        ri = self.ri if scale_a is None else self.ri * _columns(scale_a)
+        pb = b.float() @ ro.mT[:, None]  # [L, N, T, side]
+        pa = a.float() @ ri.mT[:, None]
+        return torch.einsum("lnto,lnti->noi", pb, pa).reshape(b.shape[1], -1)
+
+
+def _columns(scale):
+    """A per-layer scale [L, d] (or [L, 1]) as [L, 1, d] to multiply the columns of [L, side, d] projections."""
+    return scale[:, None, :] if isinstance(scale, torch.Tensor) else scale
