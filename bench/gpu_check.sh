@@ -6,7 +6,8 @@
 # 1. python -m bench.ghost --device cuda at T = 64 (engine vs naive vs floor, N = 16, 32, 64; one
 #    process per variant, kernel counts and GPU kernel time per call);
 # 2. tests/test_gpu.py (ghost engine under bf16 autocast, a bf16 train.py run);
-# 3. bench.steptime on gpu-small, Muon: random vs OPUS step time in one interleaved run;
+# 3. bench.steptime on gpu-small, Muon: random vs OPUS step time in one interleaved run
+#    (STEPTIME_LIMIT=0 skips it);
 # 4. bench.ghost at T = 16 (the window the shipped OPUS configs score).
 # Wheels under .whl/ (packages the machine lacks) are installed to /tmp/site first.
 set -u
@@ -30,9 +31,9 @@ ghost() {  # $1: score_len, $2: time limit
 ghost 64 "${GHOST_LIMIT:-170}"
 timeout "${TEST_LIMIT:-100}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?" >> "$OUT/machine.txt"
-timeout "${STEPTIME_LIMIT:-150}" python3 -m bench.steptime --pool "$DATA/pool.jsonl" --target "$DATA/target.jsonl" \
+[ "${STEPTIME_LIMIT:-150}" -gt 0 ] && timeout "${STEPTIME_LIMIT:-150}" python3 -m bench.steptime --pool "$DATA/pool.jsonl" --target "$DATA/target.jsonl" \
   --val "$DATA/val.jsonl" --methods random,opus --steps "${STEPS:-100}" --evals 2 --repeats 1 --optimizer muon \
   --scale gpu-small --out /tmp/steptime > "$OUT/steptime.log" 2>&1
-echo "steptime rc=$?" >> "$OUT/machine.txt"
+echo "steptime rc=$? (limit ${STEPTIME_LIMIT:-150})" >> "$OUT/machine.txt"
 cp /tmp/steptime/steptime.md /tmp/steptime/steptime.json "$OUT/" 2>/dev/null
 ghost 16 "${GHOST16_LIMIT:-110}"
