@@ -180,7 +180,11 @@ def _kernel_profile(call: Callable[[], None]) -> dict:
     with profile(activities=[ProfilerActivity.CPU, ProfilerActivity.CUDA]) as prof:
         call()
     kernels = [e for e in prof.events() if e.device_type == torch.autograd.DeviceType.CUDA]
-    return {"cuda_ms": sum(e.device_time for e in kernels) / 1000.0, "kernels": len(kernels)}
+    by_name: dict[str, float] = {}
+    for e in kernels:
+        by_name[e.name[:80]] = by_name.get(e.name[:80], 0.0) + e.device_time / 1000.0
+    top = sorted(by_name.items(), key=lambda kv: -kv[1])[:8]
+    return {"cuda_ms": sum(e.device_time for e in kernels) / 1000.0, "kernels": len(kernels), "top_kernels_ms": top}
 
 
 def children(args: argparse.Namespace, ns: list[int]) -> list[dict]:
@@ -230,6 +234,7 @@ def main(argv: list[str] | None = None) -> dict:
                 row[f"{variant}_rounds"] = [r["seconds"] for r in results]
                 row[f"{variant}_peak_mb"] = results[0]["peak_mb"]
                 row[f"{variant}_cuda_ms"], row[f"{variant}_kernels"] = results[0]["cuda_ms"], results[0]["kernels"]
+                row[f"{variant}_top_kernels_ms"] = results[0]["top_kernels_ms"]
                 print(f"[ghost] N={n} {variant}: {row[f'{variant}_seconds']:.4f}s, kernels {row[f'{variant}_kernels']} "
                       f"({row[f'{variant}_cuda_ms']:.2f} ms on the GPU), peak +{row[f'{variant}_peak_mb']:.0f} MB", flush=True)
             table.append(row)

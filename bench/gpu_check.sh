@@ -4,7 +4,8 @@
 #   OUT=bench/results/gpu bash bench/gpu_check.sh
 #
 # 1. python -m bench.ghost --device cuda at T = 64 (engine vs naive vs floor, N = 16, 32, 64; one
-#    process per variant, kernel counts and GPU kernel time per call);
+#    process per variant, kernel counts and GPU kernel time per call), the engine in one pass and
+#    in passes of 32 candidates;
 # 2. tests/test_gpu.py (ghost engine under bf16 autocast, a bf16 train.py run);
 # 3. bench.steptime on gpu-small, Muon: random vs OPUS step time in one interleaved run
 #    (STEPTIME_LIMIT=0 skips it);
@@ -22,13 +23,14 @@ fi
 { nvidia-smi --query-gpu=name,memory.total,driver_version --format=csv 2>&1
   python3 -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"; } > "$OUT/machine.txt"
 
-ghost() {  # $1: score_len, $2: time limit
-  timeout "$2" python3 -m bench.ghost --device cuda --score-len "$1" --repeats 5 --rounds 1 --engine-chunk 0 \
-    --out "$OUT/ghost-cuda-len$1.json" > "$OUT/ghost-len$1.log" 2>&1
-  echo "bench.ghost T=$1 rc=$?" >> "$OUT/machine.txt"
+ghost() {  # $1: score_len, $2: time limit, $3: engine candidates per pass (0: one pass)
+  timeout "$2" python3 -m bench.ghost --device cuda --score-len "$1" --repeats 5 --rounds 1 --engine-chunk "$3" \
+    --out "$OUT/ghost-cuda-len$1-chunk$3.json" > "$OUT/ghost-len$1-chunk$3.log" 2>&1
+  echo "bench.ghost T=$1 chunk=$3 rc=$?" >> "$OUT/machine.txt"
 }
 
-ghost 64 "${GHOST_LIMIT:-170}"
+ghost 64 "${GHOST_LIMIT:-170}" 0
+ghost 64 "${GHOST_LIMIT:-170}" 32
 timeout "${TEST_LIMIT:-100}" python3 -m pytest -q -p no:cacheprovider tests/test_gpu.py > "$OUT/gpu_tests.log" 2>&1
 echo "gpu tests rc=$?" >> "$OUT/machine.txt"
 [ "${STEPTIME_LIMIT:-150}" -gt 0 ] && timeout "${STEPTIME_LIMIT:-150}" python3 -m bench.steptime --pool "$DATA/pool.jsonl" --target "$DATA/target.jsonl" \
@@ -36,4 +38,4 @@ echo "gpu tests rc=$?" >> "$OUT/machine.txt"
   --scale gpu-small --out /tmp/steptime > "$OUT/steptime.log" 2>&1
 echo "steptime rc=$? (limit ${STEPTIME_LIMIT:-150})" >> "$OUT/machine.txt"
 cp /tmp/steptime/steptime.md /tmp/steptime/steptime.json "$OUT/" 2>/dev/null
-ghost 16 "${GHOST16_LIMIT:-110}"
+ghost 16 "${GHOST16_LIMIT:-110}" 0

@@ -26,7 +26,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
-from selection_callbacks.scoring.preconditioners import DiagonalMap, Preconditioner, Resolver, ScalarMap
+from selection_callbacks.scoring.preconditioners import DiagonalMap, Preconditioner, Resolver, ScalarMap, rows_matmul
 from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSidedProjection
 
 SketchKind = Literal["tensor", "count", "two_sided"]
@@ -256,7 +256,7 @@ class GhostEngine:
         if N == 0:
             return
         B, A = B[:, :N], A[:, :N]
-        u = (B @ maps.Q[:, None]).mul_(A).sum((2, 3))  # [L, N]
+        u = rows_matmul(B, maps.Q).mul_(A).sum((2, 3))  # [L, N]
         bias_pg = None
         if maps.bias_pre is not None:  # G_bias = Σ_t b_t
             bias_pg = maps.bias_pre.apply(B.sum(2))  # [L, N, d_out]

@@ -44,6 +44,14 @@ def lead(x: Scale, ndim: int) -> Scale:
     return x.reshape(x.shape[0], *([1] * (ndim - x.ndim)), *x.shape[1:])
 
 
+def rows_matmul(x: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
+    """x [L, ..., k] @ M [L, k, j] → [L, ..., j] as one batched product over the flattened rows.
+
+    A broadcasting ``x @ M[:, None]`` would make ``matmul`` materialise M once per middle index.
+    """
+    return (x.reshape(x.shape[0], -1, x.shape[-1]) @ M).reshape(*x.shape[:-1], M.shape[-1])
+
+
 def per_layer(values: Sequence[float], device: torch.device) -> Scale:
     """One Python number when the layers agree (no host→device copy, no sync), else a [L] tensor."""
     if all(v == values[0] for v in values):
@@ -148,13 +156,14 @@ class MuonMap:
         self.scale, self.L, self.tall = scale, L, tall
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
-        M = lead(self.L, g.ndim)
-        return lead(self.scale, g.ndim) * (g @ M if self.tall else M @ g)
+        # L is symmetric: L g = (gᵀ L)ᵀ
+        Lg = rows_matmul(g, self.L) if self.tall else rows_matmul(g.mT, self.L).mT
+        return lead(self.scale, g.ndim) * Lg
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.tall:
-            return lead(self.scale, b.ndim) * b, a @ lead(self.L, a.ndim)
-        return lead(self.scale, b.ndim) * (b @ lead(self.L, b.ndim)), a
+            return lead(self.scale, b.ndim) * b, rows_matmul(a, self.L)
+        return lead(self.scale, b.ndim) * rows_matmul(b, self.L), a
 
 
 def newton_schulz_left_factor(

@@ -18,6 +18,7 @@ import math
 
 import torch
 
+from selection_callbacks.scoring.preconditioners import rows_matmul
 
 def _generator(seed: int, layer: int) -> torch.Generator:
     return torch.Generator().manual_seed(1_000_003 * int(seed) + 7919 * int(layer) + 17)
@@ -127,8 +128,8 @@ class TwoSidedProjection:
         """b [L, N, T, d_out], a [L, N, T, d_in] → [N, m]; optional scales ([L, d], [L, 1] or numbers) multiply b and a first."""
         ro = self.ro if scale_b is None else self.ro * _columns(scale_b)
         ri = self.ri if scale_a is None else self.ri * _columns(scale_a)
-        pb = b.float() @ ro.mT[:, None]  # [L, N, T, side]
-        pa = a.float() @ ri.mT[:, None]
+        pb = rows_matmul(b.float(), ro.mT)  # [L, N, T, side]
+        pa = rows_matmul(a.float(), ri.mT)
         return torch.einsum("lnto,lnti->noi", pb, pa).reshape(b.shape[1], -1)
 
 
