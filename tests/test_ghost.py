@@ -336,3 +336,40 @@ def test_candidate_chunks_give_the_one_pass_scores(opt_name: str, sketch: str) -
         assert got.factor_error.keys() == one.factor_error.keys()
     with pytest.raises(ValueError, match="candidate_chunk must be ≥ 1"):
         GhostEngine(model, candidate_chunk=0)
+
+
+@pytest.mark.parametrize("opt_name", ["adamw", "muon"])
+def test_layers_stack_only_within_one_optimizer_group(opt_name: str) -> None:
+    """blocks.0 trains in its own group (another lr): its layers get their own stacked maps, still exact."""
+    model, _ = trained("sgd", 0)
+    first = [p for n, p in model.named_parameters() if n.startswith("blocks.0.") and p.ndim == 2]
+    rest = [p for n, p in model.named_parameters() if not (n.startswith("blocks.0.") and p.ndim == 2)]
+    if opt_name == "adamw":
+        opt = torch.optim.AdamW([{"params": first, "lr": 1e-2}, {"params": rest, "lr": 1e-3}])
+    else:
+        opt = torch.optim.Muon([{"params": first, "lr": 5e-2}, {"params": [p for p in rest if p.ndim == 2], "lr": 1e-2}])
+    for _ in range(2):
+        ids = torch.randint(0, 64, (8, T + 1))
+        opt.zero_grad()
+        row_losses(model)({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}).mean().backward()
+        opt.step()
+    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    got = GhostEngine(model).score(row_losses(model), batch, N_CAND, resolver)
+    want, _ = brute_force(model, batch, resolver, scored_layers(model))
+    torch.testing.assert_close(got.utilities, want, rtol=1e-4, atol=1e-6 * float(want.abs().max()))
+
+
+def test_same_shaped_layers_with_and_without_bias_are_scored_apart() -> None:
+    """Two 8×8 linears, one with a bias: both exact against per-row autograd gradients."""
+    torch.manual_seed(0)
+    net = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=True), torch.nn.Tanh(), torch.nn.Linear(8, 8, bias=False))
+    x = torch.randn(N_CAND + N_PROXY, 4, 8)
+
+    def losses(batch):
+        return net(batch["input_ids"]).pow(2).mean((1, 2))
+
+    got = GhostEngine(net).score(losses, {"input_ids": x}, N_CAND, IdentityPreconditioner())
+    grads = [torch.autograd.grad(losses({"input_ids": x[i : i + 1]}).sum(), list(net.parameters())) for i in range(len(x))]
+    gbar = [torch.stack([g[k] for g in grads[N_CAND:]]).mean(0) for k in range(3)]
+    want = torch.stack([sum((g[k] * gbar[k]).sum() for k in range(3)) for g in grads[:N_CAND]])
+    torch.testing.assert_close(got.utilities, want, rtol=1e-4, atol=1e-7)

@@ -232,7 +232,7 @@ class GhostEngine:
                 key: tuple = (name,)
             else:
                 bias = module.bias
-                key = (module.weight.shape, state.resolve.group_key(module.weight),
+                key = (module.weight.shape, state.resolve.group_key(module.weight), bias is None,
                        None if bias is None else state.resolve.group_key(bias))
             groups.setdefault(key, []).append(name)
         return [tuple(names) for names in groups.values()]
