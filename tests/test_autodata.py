@@ -17,11 +17,11 @@ import pytest
 
 from selection_callbacks.offline.autodata import SearchConfig, Search, TrialStore
 from selection_callbacks.offline.autodata_proposers import (
-    EvolutionProposer, RandomProposer, canonical, mutate, random_recipe,
+    EvolutionProposer, RandomProposer, Ridge, SubsetProfile, canonical, mutate, noise_aware_scores, random_recipe,
 )
 from selection_callbacks.offline.corpus import Budget, load_corpus
 from selection_callbacks.offline.features import feature_bank
-from selection_callbacks.offline.recipe import feature_table, validate_recipe
+from selection_callbacks.offline.recipe import FEATURES, feature_table, load_recipe, validate_recipe
 from selection_callbacks.offline.select import SELECTORS, run_selection
 from tests.test_offline_features import TINY_BANK, TINY_PROXY
 
@@ -226,9 +226,10 @@ def test_parallel_workers_give_the_same_trials(corpora, tmp_path) -> None:
     assert runs[0] == runs[1] and all(t["status"] == "ok" for t in runs[0])
 
 
-def _planted_search(proposer, seed: int, trials: int = 40) -> float:
-    """Best score of a search on a synthetic pool whose planted quality is
-    z(log dsir) − z(log chars_per_token) + ½ z(log distinct_5) + noise (score: −mean quality kept)."""
+def _planted_search(make, seed: int, trials: int = 40, noise: float = 0.0) -> float:
+    """True score of the best-observed trial of a search on a synthetic pool whose planted quality is
+    z(log dsir) − z(log chars_per_token) + ½ z(log distinct_5) + noise (true score: −mean quality
+    kept; observed: true + N(0, noise²)). ``make(table, budget, seed)`` builds the proposer."""
     from selection_callbacks.offline.recipe import FEATURES, FeatureTable, RecipeError, apply_recipe_inline
 
     rng = np.random.default_rng(100 + seed)
@@ -238,20 +239,78 @@ def _planted_search(proposer, seed: int, trials: int = 40) -> float:
     z = {f: (np.log(numeric[f]) - np.log(numeric[f]).mean()) / np.log(numeric[f]).std() for f in FEATURES}
     quality = z["dsir"] - z["chars_per_token"] + 0.5 * z["distinct_5"] + rng.normal(0, 0.5, 600)
     budget = Budget(tokens=int(table.n_tokens.sum() * 0.3))
-    history = []
+    proposer, noise_rng = make(table, budget, seed), np.random.default_rng(200 + seed)
+    history, true = [], {}
     for t in range(trials):
         recipe = proposer.propose(history, t, np.random.default_rng([seed, t, 0xA0]))
         try:
             recipe = validate_recipe(recipe)
-            score = float(-quality[apply_recipe_inline(recipe, table, budget, seed)].mean())
-            history.append({"trial": t, "status": "ok", "recipe": recipe, "score": score})
+            true[t] = float(-quality[apply_recipe_inline(recipe, table, budget, seed)].mean())
+            observed = true[t] + noise * noise_rng.normal()
+            history.append({"trial": t, "status": "ok", "recipe": recipe, "score": observed})
         except RecipeError:
             history.append({"trial": t, "status": "failed", "recipe": recipe, "score": None})
-    return min(h["score"] for h in history if h["status"] == "ok")
+    return true[min((h for h in history if h["status"] == "ok"), key=lambda h: h["score"])["trial"]]
 
 
 def test_evolution_beats_random_proposals_on_a_planted_landscape() -> None:
     seeds = range(4)
-    evolution = [_planted_search(EvolutionProposer(), s) for s in seeds]
-    random = [_planted_search(RandomProposer(), s) for s in seeds]
+    evolution = [_planted_search(lambda *_: EvolutionProposer(), s) for s in seeds]
+    random = [_planted_search(lambda *_: RandomProposer(), s) for s in seeds]
     assert np.mean(evolution) < np.mean(random) - 0.15, (evolution, random)
+
+
+def test_evolution_on_subset_profiles_beats_random_under_noise() -> None:
+    seeds = range(4)
+    def make(table, budget, seed) -> EvolutionProposer:
+        return EvolutionProposer(seed_presets=False, profile=SubsetProfile(table, budget, seed))
+
+    evolution = [_planted_search(make, s, noise=0.1) for s in seeds]
+    random = [_planted_search(lambda *_: RandomProposer(), s, noise=0.1) for s in seeds]
+    assert np.mean(evolution) < np.mean(random) - 0.15, (evolution, random)
+
+
+def test_subset_profile_describes_the_selected_documents(corpora) -> None:
+    pool, target = corpora
+    table = feature_table(feature_bank(pool, target, TINY_BANK, progress=False), pool)
+    budget = budget_of(pool)
+    profile = SubsetProfile(table, budget, seed=0)
+    j, F = FEATURES.index("distinct_1"), len(FEATURES)
+    high = profile(validate_recipe(GOOD))
+    low = profile(validate_recipe({**GOOD, "terms": [{"feature": "distinct_1", "weight": -1.0}]}))
+    uniform = profile(load_recipe("uniform"))
+    assert high[j] > uniform[j] > low[j]
+    for v in (high, low, uniform):
+        assert v[F:-1].sum() == pytest.approx(1.0) and 0 < v[-1] < 1  # cluster token shares; document share
+    assert profile(validate_recipe(GOOD)) is high  # cached
+    assert profile({"name": "p", "code": "def select(table, n_tokens, budget, rng):\n    return []\n"}) is None
+
+
+def test_ridge_leave_one_out_matches_refitting() -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 3))
+    y = X @ np.array([1.0, -0.5, 0.0]) + rng.normal(0, 0.3, 30)
+    loo = Ridge(X, y, penalty=1.0).loo(y)
+    refit = [Ridge(np.delete(X, i, 0), np.delete(y, i), 1.0).predict(X[i:i + 1])[0] for i in range(30)]
+    np.testing.assert_allclose(loo, refit, atol=0.05)  # exact but for the refit's own standardisation
+
+
+def test_noise_aware_scores_discount_a_lucky_trial() -> None:
+    rng = np.random.default_rng(0)
+    X = rng.normal(size=(30, 2))
+    X[3] = 0.0
+    y = 4.0 + 0.2 * X[:, 0] + rng.normal(0, 0.02, 30)
+    y[3] -= 0.5  # a middling recipe that scored far better than trials like it: the observed best
+    estimate = noise_aware_scores(X, y, noise_sd=0.065)
+    assert np.argmin(y) == 3 and np.argmin(estimate) != 3
+    assert y[3] < estimate[3] < 4.0
+    assert np.corrcoef(np.delete(estimate, 3), np.delete(y, 3))[0, 1] > 0.9  # the others keep their order
+
+
+def test_evolution_alternates_explore_and_exploit() -> None:
+    evo = EvolutionProposer(n_init=4, seed_presets=False)
+    history = [{"trial": t, "status": "ok", "recipe": validate_recipe(random_recipe(np.random.default_rng(t))),
+                "score": 4.0 + 0.01 * t} for t in range(6)]
+    names = [evo.propose(history, t, np.random.default_rng([0, t]))["name"] for t in (6, 7, 8, 9)]
+    assert names[0] == "random-6" and names[2] == "random-8"
+    assert names[1].startswith("child-7-of-") and names[3].startswith("child-9-of-")

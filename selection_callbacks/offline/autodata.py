@@ -41,7 +41,7 @@ from jsonargparse import ArgumentParser
 from tqdm.auto import tqdm
 
 from selection_callbacks.offline import recipe as recipe_module
-from selection_callbacks.offline.autodata_proposers import ProposalError, Proposer, make_proposer
+from selection_callbacks.offline.autodata_proposers import ProposalError, Proposer, SubsetProfile, make_proposer
 from selection_callbacks.offline.autodata_report import write_report
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
 from selection_callbacks.offline.features import FeatureConfig, feature_bank
@@ -187,7 +187,8 @@ class Search:
         self.table: FeatureTable = feature_table(feature_bank(pool, target, cfg.bank, progress=progress), pool)
         context = {"budget": asdict(budget), "feature_summary": self.feature_summary()}
         self.proposer = proposer or make_proposer(
-            cfg.proposer, cfg.agent_command, cfg.agent_timeout, context, cfg.n_init, cfg.seed_presets
+            cfg.proposer, cfg.agent_command, cfg.agent_timeout, context, cfg.n_init, cfg.seed_presets,
+            SubsetProfile(self.table, budget, cfg.seed),
         )
 
     def check_settings(self) -> None:
