@@ -373,3 +373,38 @@ def test_same_shaped_layers_with_and_without_bias_are_scored_apart() -> None:
     gbar = [torch.stack([g[k] for g in grads[N_CAND:]]).mean(0) for k in range(3)]
     want = torch.stack([sum((g[k] * gbar[k]).sum() for k in range(3)) for g in grads[:N_CAND]])
     torch.testing.assert_close(got.utilities, want, rtol=1e-4, atol=1e-7)
+
+
+def test_same_shaped_layers_on_different_token_counts_are_scored_apart() -> None:
+    """A pooler-like Linear on one token beside a same-shaped Linear on all tokens: not stacked, both exact."""
+    torch.manual_seed(0)
+    body, pool = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
+    x = torch.randn(N_CAND + N_PROXY, 5, 8)
+
+    def losses(batch):
+        h = torch.tanh(body(batch["input_ids"]))
+        return pool(h[:, 0]).pow(2).mean(1) + h.pow(2).mean((1, 2))
+
+    got = GhostEngine(torch.nn.ModuleDict({"body": body, "pool": pool})).score(losses, {"input_ids": x}, N_CAND, IdentityPreconditioner())
+    params = [*body.parameters(), *pool.parameters()]
+    grads = [torch.autograd.grad(losses({"input_ids": x[i : i + 1]}).sum(), params) for i in range(len(x))]
+    gbar = [torch.stack([g[k] for g in grads[N_CAND:]]).mean(0) for k in range(4)]
+    want = torch.stack([sum((g[k] * gbar[k]).sum() for k in range(4)) for g in grads[:N_CAND]])
+    torch.testing.assert_close(got.utilities, want, rtol=1e-4, atol=1e-7)
+
+
+def test_stacked_adamw_map_keeps_each_layers_step_and_amsgrad_state() -> None:
+    """One stacked map over layers with different step counts and partial amsgrad state = the maps one by one."""
+    model, _ = trained("sgd", 0)
+    fc = [model.blocks[0].mlp.fc.weight, model.blocks[1].mlp.fc.weight]
+    opt = torch.optim.AdamW(fc, lr=1e-2, betas=(0.9, 0.95), amsgrad=True)
+    for step in range(3):  # shrinking gradients (so amsgrad's max matters); the second layer takes one step only
+        fc[0].grad = torch.randn_like(fc[0]) * (10.0 if step == 0 else 0.01)
+        fc[1].grad = torch.randn_like(fc[1]) if step == 0 else None
+        opt.step()
+    opt.state[fc[1]].pop("max_exp_avg_sq")  # as if it had never been stepped with amsgrad on
+    gbar = torch.randn(2, *fc[0].shape)
+    resolver = OptimizerPreconditioner(opt)
+    stacked = resolver(fc, gbar).apply(gbar)
+    for i in range(2):
+        torch.testing.assert_close(stacked[i], resolver([fc[i]], gbar[i : i + 1]).apply(gbar[i : i + 1])[0])

@@ -30,6 +30,7 @@ from selection_callbacks.scoring.preconditioners import DiagonalMap, Preconditio
 from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSidedProjection
 
 SketchKind = Literal["tensor", "count", "two_sided"]
+STACK_ROW_ELEMENTS = 1 << 20  # numbers of captured a and b per row in one stack of layers
 
 
 @dataclass
@@ -176,6 +177,7 @@ class GhostEngine:
                 if not state.roots:
                     raise RuntimeError("ghost capture: no scored layer ran with gradients enabled")
                 torch.autograd.grad(losses.sum(), state.roots, allow_unused=True)
+                state.roots.clear()  # the pass's states outlive it; its activations need not
         finally:
             for h in handles:
                 h.remove()
@@ -220,7 +222,9 @@ class GhostEngine:
         return hook
 
     def _groups(self, state: "_PassState") -> list[tuple[str, ...]]:
-        """Captured layers grouped for stacking: same module type, weight and bias shapes, optimizer group.
+        """Captured layers grouped for stacking: same weight and bias shapes, optimizer groups and
+        captured shapes, split so that one stack holds at most ``STACK_ROW_ELEMENTS`` numbers per row
+        (the split depends on per-row sizes only, so every pass of a scoring call groups alike).
 
         Embeddings stay alone (their sketch and norm paths are per table).
         """
@@ -233,9 +237,20 @@ class GhostEngine:
             else:
                 bias = module.bias
                 key = (module.weight.shape, state.resolve.group_key(module.weight), bias is None,
-                       None if bias is None else state.resolve.group_key(bias))
+                       None if bias is None else state.resolve.group_key(bias),
+                       state.inputs[name].shape[1:], state.grads[name].shape[1:])
             groups.setdefault(key, []).append(name)
-        return [tuple(names) for names in groups.values()]
+        out: list[tuple[str, ...]] = []
+        for names in groups.values():
+            stack: list[str] = []
+            for name in names:
+                per_row = (state.inputs[name][0].numel() + state.grads[name][0].numel()) * (len(stack) + 1)
+                if stack and per_row > STACK_ROW_ELEMENTS:
+                    out.append(tuple(stack))
+                    stack = []
+                stack.append(name)
+            out.append(tuple(stack))
+        return out
 
     # ---- per-group math ----
     def _group_scores(self, names: tuple[str, ...], state: "_PassState") -> None:
@@ -247,8 +262,8 @@ class GhostEngine:
         if isinstance(modules[0], nn.Embedding):
             self._embedding(names[0], modules[0], inputs[0].reshape(R, -1), grads[0].reshape(R, -1, grads[0].shape[-1]).float(), state)
             return
-        B = torch.stack(grads).reshape(len(names), R, -1, grads[0].shape[-1]).float()
-        A = torch.stack(inputs).reshape(len(names), R, -1, inputs[0].shape[-1]).float()
+        B = _stack(grads).reshape(len(names), R, -1, grads[0].shape[-1]).float()
+        A = _stack(inputs).reshape(len(names), R, -1, inputs[0].shape[-1]).float()
         del inputs, grads
         maps = state.maps.get(names)
         if maps is None:  # the pass carrying the proxy rows fixes the group's maps
@@ -389,6 +404,11 @@ class _PassState:
 
     def add_norm(self, v: torch.Tensor) -> None:
         self.sq_norms = v if self.sq_norms is None else self.sq_norms + v
+
+
+def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
+    """[L, ...]; a single tensor is viewed, not copied."""
+    return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
 
 
 def _take(rows: MutableMapping, index: torch.Tensor, n_rows: int) -> dict:

@@ -39,7 +39,7 @@ class Preconditioner(Protocol):
 
 def lead(x: Scale, ndim: int) -> Scale:
     """A per-layer tensor [L, *rest] viewed as [L, 1, ..., 1, *rest] with ``ndim`` dims (numbers pass)."""
-    if not isinstance(x, torch.Tensor):
+    if not isinstance(x, torch.Tensor) or x.ndim == 0:
         return x
     return x.reshape(x.shape[0], *([1] * (ndim - x.ndim)), *x.shape[1:])
 
@@ -207,7 +207,7 @@ def _adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.n
         steps = [int(s) for s in torch.stack([torch.as_tensor(st["step"], dtype=torch.float32) for st in states]).tolist()]
     else:
         steps = [int(st["step"]) if "step" in st else 0 for st in states]
-    if group.get("amsgrad", False) and all("max_exp_avg_sq" in st for st in states):
+    if group.get("amsgrad", False) and any("max_exp_avg_sq" in st for st in states):  # zeros where missing: max(0, v) = v
         v = torch.maximum(_stacked_state(states, "max_exp_avg_sq", gbar) / beta2, v)
     bc2 = [1.0 - beta2 ** (s + 1) for s in steps]
     v_next = gbar.float().square().mul_(1 - beta2)
