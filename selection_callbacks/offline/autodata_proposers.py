@@ -364,11 +364,12 @@ class EvolutionProposer:
             return self.seeds[trial]
         if trial < self.n_init:
             return random_recipe(rng, name=f"random-{trial}")
-        scored = [h for h in history if h["status"] == "ok" and h["recipe"] and "terms" in h["recipe"]
-                  and self.profile(h["recipe"]) is not None]
+        profiled = [(h, self.profile(h["recipe"])) for h in history
+                    if h["status"] == "ok" and h["recipe"] and "terms" in h["recipe"]]
+        scored = [h for h, v in profiled if v is not None]
         if len(scored) < 2:
             return random_recipe(rng, name=f"random-{trial}")
-        X = np.stack([self.profile(h["recipe"]) for h in scored])
+        X = np.stack([v for _, v in profiled if v is not None])
         y = np.asarray([h["score"] for h in scored])
         seen = {canonical(h["recipe"]) for h in history if h.get("recipe")}
         if (trial - self.n_init) % 2 == 0:
@@ -391,9 +392,10 @@ class EvolutionProposer:
             if len(out) == n:
                 break
             recipe = draw()
-            if recipe is None or canonical(recipe) in seen:
+            key = None if recipe is None else canonical(recipe)
+            if key is None or key in seen:
                 continue
-            seen.add(canonical(recipe))
+            seen.add(key)
             v = self.profile(recipe)
             if v is not None:
                 out.append((recipe, v))
