@@ -12,6 +12,7 @@ from torch.func import functional_call, grad, vmap
 
 from models.gpt import GPT, GPTConfig
 from models.optim import build_optimizer
+import selection_callbacks.scoring.ghost as ghost
 from selection_callbacks.scoring.ghost import GhostEngine, check_precision, scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.preconditioners import (
@@ -21,8 +22,14 @@ from selection_callbacks.scoring.preconditioners import (
 )
 
 N_CAND, N_PROXY, T = 5, 3, 8
+STACK_BY_DEFAULT = ghost.stack_by_default  # the engine's own rule (the fixture below replaces it)
 
 
+@pytest.fixture(autouse=True, params=["stacked", "per_layer"])
+def stacking(request, monkeypatch) -> str:
+    """Every engine test runs with same-shaped layers stacked (the accelerator default) and one by one (CPU's)."""
+    monkeypatch.setattr(ghost, "stack_by_default", lambda device: request.param == "stacked")
+    return request.param
 
 
 def make_optimizer(model, name: str):
@@ -408,3 +415,44 @@ def test_stacked_adamw_map_keeps_each_layers_step_and_amsgrad_state() -> None:
     stacked = resolver(fc, gbar).apply(gbar)
     for i in range(2):
         torch.testing.assert_close(stacked[i], resolver([fc[i]], gbar[i : i + 1]).apply(gbar[i : i + 1])[0])
+
+
+@pytest.mark.parametrize("stack", [False, True])
+def test_layers_are_scored_inside_the_backward_and_release_their_captures(stack: bool, monkeypatch) -> None:
+    """Each group is scored as its last b arrives: one by one, at most one layer's b is held at a time; stacked,
+    the groups' scores still equal the unstacked ones."""
+    model, opt = trained("adamw")
+    held, groups = [], []
+    arrived, group_scores = GhostEngine._arrived, GhostEngine._group_scores
+
+    def spy_arrived(self, name, grad, state):
+        arrived(self, name, grad, state)
+        held.append(len(state.grads))
+
+    def spy_groups(self, names, state):
+        groups.append(names)
+        group_scores(self, names, state)
+
+    monkeypatch.setattr(GhostEngine, "_arrived", spy_arrived)
+    monkeypatch.setattr(GhostEngine, "_group_scores", spy_groups)
+    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    got = GhostEngine(model, stack_layers=stack, sketch_dim=64).score(row_losses(model), batch, N_CAND, resolver)
+    assert sorted(n for g in groups for n in g) == sorted(name for name, _ in scored_layers(model))
+    if stack:
+        assert max(map(len, groups)) == 2  # the two blocks' same-shaped layers
+        want = GhostEngine(model, stack_layers=False, sketch_dim=64).score(row_losses(model), batch, N_CAND, resolver)
+        torch.testing.assert_close(got.utilities, want.utilities, rtol=1e-5, atol=1e-6 * float(want.utilities.abs().max()))
+        torch.testing.assert_close(got.sketches, want.sketches, rtol=1e-4, atol=1e-5 * float(want.sketches.abs().max()))
+    else:
+        assert set(map(len, groups)) == {1} and max(held) == 0  # each b is scored and dropped on arrival
+
+
+def test_layers_stack_by_default_on_accelerators_only(monkeypatch) -> None:
+    """stack_layers=None: stacked on accelerators, one by one on CPU."""
+    monkeypatch.setattr(ghost, "stack_by_default", STACK_BY_DEFAULT)
+    assert STACK_BY_DEFAULT(torch.device("cuda")) and not STACK_BY_DEFAULT(torch.device("cpu"))
+    groups, group_scores = [], GhostEngine._group_scores
+    monkeypatch.setattr(GhostEngine, "_group_scores", lambda self, names, state: (groups.append(names), group_scores(self, names, state)))
+    model, opt = trained("adamw")
+    GhostEngine(model).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
+    assert groups and set(map(len, groups)) == {1}

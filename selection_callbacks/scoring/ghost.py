@@ -7,9 +7,10 @@ float input, plus the outputs of layers fed by ids) yields every b through tenso
 parameter ``.grad`` is read or written (gradient accumulation and DDP buckets are untouched).
 With ``candidate_chunk`` the proxy rows ride with the first chunk of candidates (fixing each
 layer's P and Q) and the rest follow in chunks of their own, so activation memory does not grow
-with N. After each backward, layers of one shape and one optimizer group are stacked and scored
-together (one kernel per group rather than per layer: a GPU is launch-bound at these sizes). Per
-layer:
+with N. Layers are scored inside the backward, as soon as their output gradients arrive. On an
+accelerator, layers of one shape and one optimizer group are stacked and scored together when the
+group's last gradient arrives (one kernel per group rather than per layer: a GPU is launch-bound at
+these sizes); on a CPU each layer is scored alone (stacking only copies there). Per layer:
 
 - proxy direction ḡ = (1/P) Σ_p G_p, preconditioned Q = P ḡ (P self-adjoint, see preconditioners);
 - exact utilities u_i = ⟨P G_i, ḡ⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
@@ -101,6 +102,8 @@ class GhostEngine:
         candidate_chunk: score candidates in forward/backward passes of at most this many rows
             (the proxy rows ride with the first), so activation memory stays flat in N (None: one
             pass over all rows, the fastest for small N). Rows must not interact (no batch norm).
+        stack_layers: score same-shaped layers of one optimizer group as one stack (None: on
+            accelerators, not on CPU, where it copies the captures and saves no launches).
     """
 
     def __init__(
@@ -114,6 +117,7 @@ class GhostEngine:
         chunk: int = 8,
         exclude: tuple[str, ...] = (),
         candidate_chunk: int | None = None,
+        stack_layers: bool | None = None,
     ) -> None:
         if sketch not in ("tensor", "count", "two_sided"):
             raise ValueError(f"unknown sketch {sketch!r}; choose tensor, count or two_sided")
@@ -122,7 +126,7 @@ class GhostEngine:
         if candidate_chunk is not None and candidate_chunk < 1:
             raise ValueError(f"candidate_chunk must be ≥ 1 or None, got {candidate_chunk}")
         self.sketch_dim, self.sketch, self.norms, self.chunk = sketch_dim, sketch, norms, chunk
-        self.candidate_chunk = candidate_chunk
+        self.candidate_chunk, self.stack_layers = candidate_chunk, stack_layers
         self._modules = dict(self.layers)
         self._index = {name: i for i, (name, _) in enumerate(self.layers)}
         self._sketchers: dict[tuple, object] = {}
@@ -169,28 +173,28 @@ class GhostEngine:
         )
 
     def _pass(self, loss_fn: Callable[[MutableMapping], torch.Tensor], rows: MutableMapping, state: "_PassState") -> "_PassState":
-        """One forward/backward over ``rows`` with the capture hooks on, then the scores; fills ``state``."""
+        """One forward/backward over ``rows`` with the capture hooks on, scoring inside it; fills ``state``."""
         handles = [m.register_forward_hook(self._forward_hook(name, state), with_kwargs=True) for name, m in self.layers]
         try:
             with torch.enable_grad():
                 losses = loss_fn(rows)
                 if not state.roots:
                     raise RuntimeError("ghost capture: no scored layer ran with gradients enabled")
+                stack = self.stack_layers if self.stack_layers is not None else stack_by_default(losses.device)
+                for names in self._groups(state, stack):
+                    state.group_of.update((name, names) for name in names)
                 torch.autograd.grad(losses.sum(), state.roots, allow_unused=True)
                 state.roots.clear()  # the pass's states outlive it; its activations need not
         finally:
             for h in handles:
                 h.remove()
-        missing = [name for name, _ in self.layers if name not in state.grads and name not in state.shared]
+        missing = [name for name, _ in self.layers if name not in state.scored and name not in state.shared]
         if missing:
             raise RuntimeError(
-                f"ghost capture saw {len(state.grads)} of {len(self.layers)} layers (missing e.g. {missing[:3]}): hooks did not "
-                "fire, as under torch.compile; score the eager module instead of returning partial scores"
+                f"ghost capture scored {len(state.scored)} of {len(self.layers)} layers (missing e.g. {missing[:3]}): hooks "
+                "did not fire, as under torch.compile; score the eager module instead of returning partial scores"
             )
         state.losses = losses.detach()
-        with torch.no_grad(), torch.autocast(losses.device.type, enabled=False):  # contractions in float32
-            for names in self._groups(state):
-                self._group_scores(names, state)
         return state
 
     def _forward_hook(self, name: str, state: "_PassState") -> Callable:
@@ -217,39 +221,50 @@ class GhostEngine:
             elif not state.roots:
                 state.roots.append(x)  # the earliest activation: the backward to it reaches every later layer
             state.inputs[name] = x.detach()
-            output.register_hook(lambda grad: state.grads.__setitem__(name, grad))
+            state.out_shapes[name] = output.shape
+            output.register_hook(lambda grad: self._arrived(name, grad, state))
 
         return hook
 
-    def _groups(self, state: "_PassState") -> list[tuple[str, ...]]:
-        """Captured layers grouped for stacking: same weight and bias shapes, optimizer groups and
-        captured shapes, split so that one stack holds at most ``STACK_ROW_ELEMENTS`` numbers per row
-        (the split depends on per-row sizes only, so every pass of a scoring call groups alike).
+    def _arrived(self, name: str, grad: torch.Tensor, state: "_PassState") -> None:
+        """Tensor hook: keep b; once every layer of its group has its b, score the group (in float32)."""
+        state.grads[name] = grad
+        names = state.group_of[name]
+        if all(n in state.grads for n in names):
+            with torch.no_grad(), torch.autocast(grad.device.type, enabled=False):
+                self._group_scores(names, state)
+            state.scored.update(names)
+
+    def _groups(self, state: "_PassState", stack: bool) -> list[tuple[str, ...]]:
+        """Captured layers grouped for stacking (after the forward, before the backward): same weight
+        and bias shapes, optimizer groups and captured shapes, split so that one stack holds at most
+        ``STACK_ROW_ELEMENTS`` numbers per row (the split depends on per-row sizes only, so every pass
+        of a scoring call groups alike). Without ``stack`` every layer is its own group.
 
         Embeddings stay alone (their sketch and norm paths are per table).
         """
         groups: dict[tuple, list[str]] = {}
         for name, module in self.layers:
-            if name not in state.grads:
+            if name not in state.inputs:
                 continue
-            if isinstance(module, nn.Embedding):
+            if isinstance(module, nn.Embedding) or not stack:
                 key: tuple = (name,)
             else:
                 bias = module.bias
                 key = (module.weight.shape, state.resolve.group_key(module.weight), bias is None,
                        None if bias is None else state.resolve.group_key(bias),
-                       state.inputs[name].shape[1:], state.grads[name].shape[1:])
+                       state.inputs[name].shape[1:], state.out_shapes[name][1:])
             groups.setdefault(key, []).append(name)
         out: list[tuple[str, ...]] = []
         for names in groups.values():
-            stack: list[str] = []
+            members: list[str] = []
             for name in names:
-                per_row = (state.inputs[name][0].numel() + state.grads[name][0].numel()) * (len(stack) + 1)
-                if stack and per_row > STACK_ROW_ELEMENTS:
-                    out.append(tuple(stack))
-                    stack = []
-                stack.append(name)
-            out.append(tuple(stack))
+                per_row = (state.inputs[name][0].numel() + state.out_shapes[name][1:].numel()) * (len(members) + 1)
+                if members and per_row > STACK_ROW_ELEMENTS:
+                    out.append(tuple(members))
+                    members = []
+                members.append(name)
+            out.append(tuple(members))
         return out
 
     # ---- per-group math ----
@@ -387,7 +402,10 @@ class _PassState:
         self.roots: list[torch.Tensor] = []
         self.shared: list[str] = []
         self.inputs: dict[str, torch.Tensor] = {}
+        self.out_shapes: dict[str, torch.Size] = {}
         self.grads: dict[str, torch.Tensor] = {}
+        self.group_of: dict[str, tuple[str, ...]] = {}
+        self.scored: set[str] = set()
         self.utilities: dict[str, torch.Tensor] = {}
         self.losses: torch.Tensor | None = None
         self.sketch: torch.Tensor | None = None
@@ -404,6 +422,11 @@ class _PassState:
 
     def add_norm(self, v: torch.Tensor) -> None:
         self.sq_norms = v if self.sq_norms is None else self.sq_norms + v
+
+
+def stack_by_default(device: torch.device) -> bool:
+    """Stack same-shaped layers on accelerators (launch-bound), not on CPU (copies, no launches saved)."""
+    return device.type != "cpu"
 
 
 def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
