@@ -1,0 +1,106 @@
+"""Methods against random at equal wall-clock, with step times from a quiet interleaved run.
+
+    python -m bench.equal_wall bench/results/cpu-tiny-b64-muon/results.json \
+        bench/results/steptime/cpu-tiny-b64-muon/steptime.json --out bench/results/cpu-tiny-b64-muon/equal_wall.md
+
+A comparison's own wall-clock is only as fair as the machine was quiet while each run trained
+(runs made at different times, or side by side, see different load). ``bench.steptime`` measures
+each method's step time against random's in one interleaved run instead. With that ratio r
+(median over repeats), a method's wall-clock after s steps is r·s random steps, so in random's
+wall-clock W it trains on tokens(W)/r update tokens. Per paired seed this reports:
+
+- its val bpb at random's full wall-clock: its curve over update tokens, interpolated at random's
+  total tokens / r (paired t-test against random's final bpb; negative is better);
+- wall-clock to random's final bpb: r × (update tokens to random's final bpb) / random's tokens.
+
+Start-up costs are left out (``bench.steptime`` reports them as the intercept; a method with a
+large one, e.g. a reference pretrained first, needs its own accounting).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+
+from bench.report import crossing, fmt_relative, paired_test
+
+
+def value_at(curve: list[list[float]], tokens: float) -> float:
+    """Val bpb at ``tokens`` update tokens, linearly interpolated between evaluations (curve rows: tokens, wall, bpb)."""
+    xs, ys = [p[0] for p in curve], [p[2] for p in curve]
+    if not xs[0] <= tokens <= xs[-1]:
+        raise ValueError(f"{tokens:.0f} update tokens lie outside the curve's {xs[0]:.0f}..{xs[-1]:.0f}")
+    return float(np.interp(tokens, xs, ys))
+
+
+def equal_wall(results: dict[str, Any], steptime: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per method timed in ``steptime``: bpb at random's wall-clock (paired) and wall-clock to random's final bpb."""
+    if "random" not in results["methods"] or "random" not in steptime["methods"]:
+        raise ValueError("both files need a random baseline")
+    random_runs = {r["seed"]: r for r in results["methods"]["random"]["runs"]}
+    out: dict[str, dict[str, Any]] = {}
+    for name, entry in results["methods"].items():
+        if name not in steptime["methods"]:
+            continue
+        ratio = float(steptime["methods"][name]["ratio_to_random_median"])
+        runs = [r for r in entry["runs"] if r["seed"] in random_runs]
+        at_wall, diffs, wall_to = [], [], []
+        for r in runs:
+            base = random_runs[r["seed"]]
+            budget = base["curve"][-1][0] / ratio  # update tokens it trains on in random's wall-clock
+            bpb = value_at(r["curve"], min(budget, r["curve"][-1][0]))  # a faster method: its final bpb (conservative)
+            at_wall.append(bpb)
+            diffs.append(bpb - base["final_val_bpb"])
+            t = crossing(r["curve"], base["final_val_bpb"], 0)
+            wall_to.append(None if t is None else ratio * t / base["curve"][-1][0])
+        mean, std, p = paired_test(diffs)
+        out[name] = {"step_time_ratio": ratio, "seeds": len(runs), "bpb_at_random_wall": at_wall,
+                     "diff_mean": mean, "diff_std": std, "p_value": p, "better_seeds": sum(d < 0 for d in diffs),
+                     "wall_to_random": wall_to}
+    return out
+
+
+def markdown(summary: dict[str, dict[str, Any]], results_path: Path, steptime_path: Path) -> str:
+    lines = [
+        "# Equal wall-clock against random",
+        "",
+        f"Curves from `{results_path}`, step-time ratios from `{steptime_path}` (`python -m bench.equal_wall`). "
+        "Δ: val bpb at random's full wall-clock minus random's final bpb, paired by seed (negative is better).",
+        "",
+        "| method | step time × | seeds | val bpb at random's wall-clock | Δ vs random | p | better in | wall-clock to random's final bpb |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for name, s in summary.items():
+        p = "—" if s["p_value"] != s["p_value"] else f"{s['p_value']:.3f}"
+        lines.append(
+            f"| {name} | {s['step_time_ratio']:.2f} | {s['seeds']} | {np.mean(s['bpb_at_random_wall']):.4f} | "
+            f"{s['diff_mean']:+.4f} ± {0.0 if s['diff_std'] != s['diff_std'] else s['diff_std']:.4f} | {p} | "
+            f"{s['better_seeds']}/{s['seeds']} | {fmt_relative(s['wall_to_random'])} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    p = argparse.ArgumentParser(prog="python -m bench.equal_wall", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path, help="a bench.compare results.json")
+    p.add_argument("steptime", type=Path, help="a bench.steptime steptime.json of the same scale and optimizer")
+    p.add_argument("--out", type=Path, help="write the table here (default: print it)")
+    a = p.parse_args(argv)
+    results, steptime = json.loads(a.results.read_text()), json.loads(a.steptime.read_text())
+    for key in ("optimizer", "ratio"):
+        if key in steptime.get("config", {}) and steptime["config"][key] != results["config"][key]:
+            raise SystemExit(f"{key} differs: {results['config'][key]} in {a.results}, {steptime['config'][key]} in {a.steptime}")
+    summary = equal_wall(results, steptime)
+    text = markdown(summary, a.results, a.steptime)
+    if a.out:
+        a.out.write_text(text)
+    print(text, end="")
+    return summary
+
+
+if __name__ == "__main__":
+    main()
