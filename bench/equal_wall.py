@@ -26,7 +26,7 @@ from typing import Any
 
 import numpy as np
 
-from bench.report import crossing, fmt_relative, paired_test
+from bench.report import crossing, fmt_relative, fmt_value, paired_test
 
 
 def value_at(curve: list[list[float]], tokens: float) -> float:
@@ -75,10 +75,9 @@ def markdown(summary: dict[str, dict[str, Any]], results_path: Path, steptime_pa
         "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in summary.items():
-        p = "—" if s["p_value"] != s["p_value"] else f"{s['p_value']:.3f}"
         lines.append(
             f"| {name} | {s['step_time_ratio']:.2f} | {s['seeds']} | {np.mean(s['bpb_at_random_wall']):.4f} | "
-            f"{s['diff_mean']:+.4f} ± {0.0 if s['diff_std'] != s['diff_std'] else s['diff_std']:.4f} | {p} | "
+            f"{s['diff_mean']:+.4f} ± {fmt_value(s['diff_std'], '.4f')} | {fmt_value(s['p_value'], '.3f')} | "
             f"{s['better_seeds']}/{s['seeds']} | {fmt_relative(s['wall_to_random'])} |"
         )
     return "\n".join(lines) + "\n"

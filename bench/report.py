@@ -81,7 +81,7 @@ def fmt_relative(values: list[float | None]) -> str:
     return text if len(reached) == len(values) else f"{text} ({len(reached)}/{len(values)} seeds)"
 
 
-def _fmt(x: float, spec: str) -> str:
+def fmt_value(x: float, spec: str) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
@@ -104,10 +104,10 @@ def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]])
     ]
     for name, s in summary.items():
         lines.append(
-            f"| {name} | {s['seeds']} | {s['bpb_mean']:.4f} ± {_fmt(s['bpb_std'], '.4f')} | "
-            f"{s['diff_mean']:+.4f} ± {_fmt(s['diff_std'], '.4f')} | {_fmt(s['p_value'], '.3f')} | "
+            f"| {name} | {s['seeds']} | {s['bpb_mean']:.4f} ± {fmt_value(s['bpb_std'], '.4f')} | "
+            f"{s['diff_mean']:+.4f} ± {fmt_value(s['diff_std'], '.4f')} | {fmt_value(s['p_value'], '.3f')} | "
             f"{fmt_relative(s['tokens_to_random'])} | {fmt_relative(s['wall_to_random'])} | {s['step_time_ratio']:.2f} | "
-            f"{100 * s['overhead_fraction']:.1f}% | {_fmt(s.get('oracle_share', float('nan')), '.0%')} |"
+            f"{100 * s['overhead_fraction']:.1f}% | {fmt_value(s.get('oracle_share', float('nan')), '.0%')} |"
         )
     lines += ["", "Domain share of the kept candidates (whole run, mean over seeds):", ""]
     domains = sorted({d for e in results["methods"].values() for r in e["runs"] for d in r["domains"]})
