@@ -188,10 +188,10 @@ class GhostEngine:
         finally:
             for h in handles:
                 h.remove()
-        missing = [name for name, _ in self.layers if name not in state.scored and name not in state.shared]
-        if missing:
+        missing = [name for name, _ in self.layers if name not in state.utilities and name not in state.shared]
+        if missing:  # every pass carries ≥ 1 candidate, so a scored layer has utilities
             raise RuntimeError(
-                f"ghost capture scored {len(state.scored)} of {len(self.layers)} layers (missing e.g. {missing[:3]}): hooks "
+                f"ghost capture scored {len(state.utilities)} of {len(self.layers)} layers (missing e.g. {missing[:3]}): hooks "
                 "did not fire, as under torch.compile; score the eager module instead of returning partial scores"
             )
         state.losses = losses.detach()
@@ -233,7 +233,6 @@ class GhostEngine:
         if all(n in state.grads for n in names):
             with torch.no_grad(), torch.autocast(grad.device.type, enabled=False):
                 self._group_scores(names, state)
-            state.scored.update(names)
 
     def _groups(self, state: "_PassState", stack: bool) -> list[tuple[str, ...]]:
         """Captured layers grouped for stacking (after the forward, before the backward): same weight
@@ -405,7 +404,6 @@ class _PassState:
         self.out_shapes: dict[str, torch.Size] = {}
         self.grads: dict[str, torch.Tensor] = {}
         self.group_of: dict[str, tuple[str, ...]] = {}
-        self.scored: set[str] = set()
         self.utilities: dict[str, torch.Tensor] = {}
         self.losses: torch.Tensor | None = None
         self.sketch: torch.Tensor | None = None
