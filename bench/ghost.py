@@ -96,9 +96,10 @@ def prepare_naive(model, opt, rows, args, chunk: int | None = None) -> Callable[
 
     per_sample = vmap(grad(single), in_dims=(None, 0, 0))
     hashes = {}
-    for i, k in enumerate(names):  # TensorSketch's hash (h1(o) + h2(i)) mod m, signs s1(o)·s2(i), materialised
-        ts = TensorSketch(args.sketch_dim, *params[k].shape, 0, [i], torch.device(args.device))
-        hashes[k] = (((ts.h1[0, :, None] + ts.h2[0, None, :]) % args.sketch_dim).flatten(), (ts.s1[0, :, None] * ts.s2[0, None, :]).flatten())
+    block = args.sketch_dim // len(names)
+    for i, k in enumerate(names):  # the engine's TensorSketch hash (layer i's block of bins), materialised
+        bins, signs = TensorSketch(args.sketch_dim, *params[k].shape, 0, [i], torch.device(args.device), block=block).explicit()
+        hashes[k] = (bins[0], signs[0])
 
     def run() -> None:
         scored = {k: params[k].detach() for k in names}

@@ -90,3 +90,29 @@ def test_stacked_layers_sketch_to_the_sum_of_their_own_sketches(cls) -> None:
     one_by_one = run([3], b[None], a[None], scale[:1]) + run([5], b2[None], a2[None], scale[1:])
     assert float(stacked.norm()) > 0
     torch.testing.assert_close(stacked, one_by_one, rtol=1e-4, atol=1e-4)
+
+
+@pytest.mark.parametrize("block, m, layers", [(None, 64, [0, 1]), (16, 64, [0, 2]), (7, 40, [2, 4])])
+def test_tensor_sketch_is_the_count_sketch_of_its_hash(block, m, layers) -> None:
+    """Exactly (not just in expectation) the CountSketch of the scaled Σ_t b aᵀ under (h1(o) + h2(i)) mod n, each
+    layer in its own block of n bins (or, without blocks, all layers over all m bins)."""
+    g = torch.Generator().manual_seed(4)
+    b, a = torch.randn(2, N, 5, D_OUT, generator=g), torch.randn(2, N, 5, D_IN, generator=g)
+    scale_b, scale_a = torch.rand(2, D_OUT, generator=g), torch.rand(2, 1, generator=g)
+    ts = TensorSketch(m, D_OUT, D_IN, 3, layers, torch.device("cpu"), block=block)
+    G = torch.einsum("lnto,lnti->lnoi", b * scale_b[:, None, None], a * scale_a[:, None, None]).flatten(2)
+    bins, signs = ts.explicit()
+    want = torch.zeros(N, m)
+    for layer in range(2):
+        want.index_add_(1, bins[layer], G[layer] * signs[layer])
+    got = ts(b, a, scale_b, scale_a)
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-4 * float(want.abs().max()))
+    if block:  # nothing outside the layers' blocks
+        used = torch.zeros(m, dtype=torch.bool)
+        used[bins.flatten()] = True
+        assert int(used.sum()) <= 2 * block and torch.equal(got[:, ~used], torch.zeros(N, int((~used).sum())))
+
+
+def test_tensor_sketch_blocks_must_fit() -> None:
+    with pytest.raises(ValueError, match="exceed the sketch dimension"):
+        TensorSketch(40, D_OUT, D_IN, 0, [5], torch.device("cpu"), block=8)

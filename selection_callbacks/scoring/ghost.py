@@ -14,7 +14,8 @@ these sizes); on a CPU each layer is scored alone (stacking only copies there). 
 
 - proxy direction ḡ = (1/P) Σ_p G_p, preconditioned Q = P ḡ (P self-adjoint, see preconditioners);
 - exact utilities u_i = ⟨P G_i, ḡ⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
-- optional m-dimensional sketches S_i with E⟨S_i, S_j⟩ = ⟨P G_i, P G_j⟩, summed over layers;
+- optional m-dimensional sketches S_i with E⟨S_i, S_j⟩ = ⟨P G_i, P G_j⟩, summed over layers (a tensor
+  sketch gives each layer its own block of m // layers bins: its cost is linear in the block);
 - optional squared norms ‖P G_i‖², by the T² Gram form where 2T² ≤ d_in·d_out, else materialised.
 """
 
@@ -93,7 +94,8 @@ class GhostEngine:
         model: the (unwrapped) module whose layers are scored.
         include_embedding: also score ``nn.Embedding`` weights.
         include_head: also score the output head (``lm_head`` / ``is_output_head``).
-        sketch_dim: m; 0 disables sketches.
+        sketch_dim: m; 0 disables sketches. With ``"tensor"`` each scored layer owns m // (scored
+            layers) of the bins (see :class:`TensorSketch`), so m must be at least the layer count.
         sketch: ``"tensor"`` (TensorSketch; AdamW through its rank-1 factorised D), ``"count"``
             (exact CountSketch of materialised P G_i, the reference) or ``"two_sided"``.
         norms: also compute ‖P G_i‖².
@@ -125,6 +127,11 @@ class GhostEngine:
         self.layers = scored_layers(model, include_embedding, include_head, tuple(exclude))
         if candidate_chunk is not None and candidate_chunk < 1:
             raise ValueError(f"candidate_chunk must be ≥ 1 or None, got {candidate_chunk}")
+        if sketch == "tensor" and 0 < sketch_dim < len(self.layers):
+            raise ValueError(
+                f"sketch_dim={sketch_dim} is below the {len(self.layers)} scored layers: a tensor sketch gives each "
+                "layer its own block of bins; raise sketch_dim or score fewer layers"
+            )
         self.sketch_dim, self.sketch, self.norms, self.chunk = sketch_dim, sketch, norms, chunk
         self.candidate_chunk, self.stack_layers = candidate_chunk, stack_layers
         self._modules = dict(self.layers)
@@ -285,7 +292,8 @@ class GhostEngine:
         if N == 0:
             return
         B, A = B[:, :N], A[:, :N]
-        u = rows_matmul(B, maps.Q).mul_(A).sum((2, 3))  # [L, N]
+        # u = Σ_t b_tᵀ Q a_t, the product landing on the narrower side (fewer numbers to multiply and sum)
+        u = (rows_matmul(B, maps.Q).mul_(A) if A.shape[-1] <= B.shape[-1] else rows_matmul(A, maps.Q.mT).mul_(B)).sum((2, 3))
         bias_pg = None
         if maps.bias_pre is not None:  # G_bias = Σ_t b_t
             bias_pg = maps.bias_pre.apply(B.sum(2))  # [L, N, d_out]
@@ -318,7 +326,8 @@ class GhostEngine:
         if key not in self._sketchers:
             layers = [self._index[n] if n in self._index else len(self._index) + self._index[n.rsplit(".", 1)[0]] for n in names]
             self._sketchers = {k: v for k, v in self._sketchers.items() if k[2] == seed}
-            self._sketchers[key] = cls(self.sketch_dim, d_out, d_in, seed, layers, device)
+            block = {"block": self.sketch_dim // len(self._index)} if cls is TensorSketch else {}
+            self._sketchers[key] = cls(self.sketch_dim, d_out, d_in, seed, layers, device, **block)
         return self._sketchers[key]
 
     def _materialised(self, pre: Preconditioner, B: torch.Tensor, A: torch.Tensor):
@@ -362,7 +371,7 @@ class GhostEngine:
         rows = pre.C * pre.D[0][ids] * B if isinstance(pre, DiagonalMap) else pre.c * B
         if self.sketch_dim:
             if self.sketch == "tensor":
-                state.add_sketch(self._sketcher((name,), TensorSketch, V, d, state.seed, B.device).one_hot(rows, ids, V))
+                state.add_sketch(self._sketcher((name,), TensorSketch, V, d, state.seed, B.device).one_hot(rows, ids))
             elif self.sketch == "count":
                 cs = self._sketcher((name,), CountSketch, V, d, state.seed, B.device)
                 state.add_sketch(torch.cat([cs(G[None]) for G in self._embedding_mats(ids, rows, V)]))

@@ -91,7 +91,8 @@ class DiagonalMap:
     embedding rows never seen) D would explode; there β2·v is floored at (1−β2)·ḡ², the fresh
     gradient's own share of the next v estimated by the proxy gradient (at step 0 this makes
     C·D = lr/(|ḡ| + ε), Adam's first, normalised step), and, for entries the proxy does not
-    touch either, at ``TENSOR_FLOOR`` times the tensor's mean.
+    touch either, at ``TENSOR_FLOOR`` times the tensor's mean. ``_adamw_map`` stores C/√β2 and √β2·D
+    (the same map, one pass fewer over every weight).
     """
 
     exact_factors = False
@@ -110,7 +111,7 @@ class DiagonalMap:
         r, c = self.rank1()
         if c.shape[-1] == 0:
             return torch.zeros(self.D.shape[0], device=self.D.device)
-        sq = self.D.flatten(1).square().sum(1)
+        sq = torch.linalg.vector_norm(self.D.flatten(1), dim=1).square()
         return ((sq - r.square().sum(1) * c.square().sum(1)).clamp(min=0) / sq).sqrt()
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
@@ -210,17 +211,22 @@ def _adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.n
     if group.get("amsgrad", False) and any("max_exp_avg_sq" in st for st in states):  # zeros where missing: max(0, v) = v
         v = torch.maximum(_stacked_state(states, "max_exp_avg_sq", gbar) / beta2, v)
     bc2 = [1.0 - beta2 ** (s + 1) for s in steps]
-    v_next = gbar.float().square().mul_(1 - beta2)
-    torch.maximum(v_next, v * beta2, out=v_next)  # (1 − β2)ḡ² floors β2·v where v has not formed yet
-    floor = TENSOR_FLOOR * v_next.flatten(1).mean(1)  # rows neither trained nor in the proxy
-    torch.maximum(v_next, lead(floor, v_next.ndim), out=v_next)
-    C = per_layer([lr * (1 - beta1) * math.sqrt(b2) / (1 - beta1 ** (s + 1)) for b2, s in zip(bc2, steps)], gbar.device)
-    eps_term = lead(per_layer([eps * math.sqrt(b2) for b2 in bc2], gbar.device), v_next.ndim)
-    return DiagonalMap(C, v_next.sqrt_().add_(eps_term).reciprocal_())
+    # β2·x with x = max(v, (1 − β2)/β2·ḡ²): β2·v floored by the fresh gradient's share where v has not formed yet
+    x = gbar.float().square().mul_((1 - beta2) / beta2)
+    torch.maximum(x, v, out=x)
+    floor = TENSOR_FLOOR * x.flatten(1).mean(1)  # rows neither trained nor in the proxy
+    torch.maximum(x, lead(floor, x.ndim), out=x)
+    # 1/(√(β2·x) + ε√bc2) = (1/√β2)·1/(√x + ε√(bc2/β2)): the 1/√β2 joins C (one pass fewer over every weight)
+    C = per_layer([lr * (1 - beta1) * math.sqrt(b2 / beta2) / (1 - beta1 ** (s + 1)) for b2, s in zip(bc2, steps)], gbar.device)
+    eps_term = lead(per_layer([eps * math.sqrt(b2 / beta2) for b2 in bc2], gbar.device), x.ndim)
+    return DiagonalMap(C, x.sqrt_().add_(eps_term).reciprocal_())
 
 
 def _stacked_state(states: list[dict], key: str, like: torch.Tensor) -> torch.Tensor:
-    """The optimizer state ``key`` of each parameter stacked in float32 (zeros where it has not formed)."""
+    """The optimizer state ``key`` of each parameter stacked in float32 (zeros where it has not formed; one
+    float32 state is viewed, not copied: read it, never write it)."""
+    if len(states) == 1 and key in states[0]:
+        return states[0][key].float().unsqueeze(0)
     if all(key in st for st in states):
         return torch.stack([st[key] for st in states]).float()
     return torch.stack([st[key].float() if key in st else torch.zeros_like(g, dtype=torch.float32) for st, g in zip(states, like)])

@@ -1,14 +1,15 @@
 """Unbiased m-dimensional sketches of per-sample gradients Σ_t b'_t a'_tᵀ, never forming them.
 
-- :class:`TensorSketch`: CountSketch each factor (hashes h1, h2, signs s1, s2), multiply their
-  FFTs and sum over tokens: the CountSketch of the outer product under the hash
-  (h1(o) + h2(i)) mod m, sign s1(o)s2(i). E⟨S_i, S_j⟩ = ⟨G_i, G_j⟩, error ~ 1/√m.
+- :class:`TensorSketch`: the CountSketch of the outer product under the hash (h1(o) + h2(i)) mod n,
+  sign s1(o)s2(i), computed from the factors in the frequency domain (dense products with the
+  hashes' DFT rows, summed over tokens). E⟨S_i, S_j⟩ = ⟨G_i, G_j⟩, error ~ 1/√n. Each layer may
+  own a block of n of the m bins (the engine's layout) or spread over all m.
 - :class:`CountSketch`: the reference for any map P: form P G_i in candidate chunks and hash
   every entry with fully independent tables (~9 bytes per weight).
 - :class:`TwoSidedProjection`: Σ_t (R_o b'_t)(R_i a'_t)ᵀ with Gaussian R, m = m_o·m_i; unbiased,
   but for low-rank G its error decays only like m^(-1/4).
-Each layer draws its own hashes from (seed, layer index), so per-layer sketches add into one
-m-dimensional vector and inner products stay unbiased across layers. Every sketch takes L
+Each layer draws its own hashes and signs from (seed, layer index), so per-layer sketches add into
+one m-dimensional vector and inner products stay unbiased across layers. Every sketch takes L
 same-shaped layers stacked along a leading dimension and returns their sum.
 """
 
@@ -20,75 +21,82 @@ import torch
 
 from selection_callbacks.scoring.preconditioners import rows_matmul
 
+
 def _generator(seed: int, layer: int) -> torch.Generator:
     return torch.Generator().manual_seed(1_000_003 * int(seed) + 7919 * int(layer) + 17)
 
 
 class TensorSketch:
-    """TensorSketch of per-token outer products, summed over tokens and over L stacked layers.
+    """TensorSketch of per-token outer products, summed over tokens; each layer in its own block of bins.
 
-    Each layer draws its own hashes from (seed, layer index); the layers' count sketches land in
-    one [L, n, T, m] tensor, so a group of same-shaped layers costs one scatter, one FFT pair and
-    one inverse FFT (the sum over layers and tokens is taken in the frequency domain).
+    Layer k (of the L stacked) hashes entry (o, i) of G = Σ_t b_t a_tᵀ to bin
+    ``layers[k]·n + (h1(o) + h2(i)) mod n`` with sign s1(o)s2(i), n = ``block`` bins per layer. That
+    CountSketch of G is the circular convolution Σ_t CS1(b_t) ⊛ CS2(a_t), whose real DFT is
+    Σ_t (b_t H1) ⊙ (a_t H2) with H[o, k] = s(o)·e^(−2πi·k·h(o)/n), k ≤ n/2. Two dense products with
+    n + 2 real columns per side (then one small inverse FFT per candidate) replace the count sketches'
+    scatter and the per-token FFTs: NT·(d_out + d_in)·(n + 2) multiply-adds per layer, linear in n.
+
+    Blocks keep layers apart: with the m bins split into L_total blocks of n = m / L_total, the error
+    matches one shared m-bin sketch when the layers' gradient norms are alike (Σ_l ‖G_l‖⁴/n against
+    (Σ_l ‖G_l‖²)²/m) at 1/L_total of the cost; one dominant layer gets only its n bins.
 
     Args:
-        m: sketch dimension.
+        m: sketch dimension (the output has m columns).
         d_out, d_in: factor dimensions.
         seed: selects the hash functions together with each layer index.
-        layers: the layer indices of the stacked layers.
-        chunk_elements: candidates per FFT chunk are chosen so that chunk·L·T·m stays within this
-            many numbers. Default: 2^19 on CPU (cache-sized FFTs), 2^23 elsewhere (fewer, larger
-            chunks: fewer kernel launches on a GPU).
+        layers: the layer indices of the stacked layers (their blocks).
+        block: bins per layer, n (None: m, every layer over all m bins, their sketches summed).
     """
 
     def __init__(
-        self, m: int, d_out: int, d_in: int, seed: int, layers: list[int], device: torch.device, chunk_elements: int | None = None
+        self, m: int, d_out: int, d_in: int, seed: int, layers: list[int], device: torch.device, block: int | None = None
     ) -> None:
-        self.m = m
-        self.chunk_elements = chunk_elements or (1 << 19 if torch.device(device).type == "cpu" else 1 << 23)
-        tables = [self._hashes(m, d_out, d_in, _generator(seed, layer)) for layer in layers]
+        self.m, self.n = m, block or m
+        self.offsets = [layer * self.n if block else 0 for layer in layers]
+        if max(self.offsets) + self.n > m:
+            raise ValueError(f"layer blocks of {self.n} bins at {self.offsets} exceed the sketch dimension m={m}")
+        tables = [self._hashes(self.n, d_out, d_in, _generator(seed, layer)) for layer in layers]
         self.h1, self.s1, self.h2, self.s2 = (torch.stack(t).to(device) for t in zip(*tables))
+        self.f1, self.f2 = self._dft(self.h1, self.s1), self._dft(self.h2, self.s2)
+        self.columns = (torch.tensor(self.offsets, device=device)[:, None] + torch.arange(self.n, device=device)).flatten()
 
     @staticmethod
-    def _hashes(m: int, d_out: int, d_in: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
-        h1 = torch.randint(0, m, (d_out,), generator=g)
+    def _hashes(n: int, d_out: int, d_in: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
+        h1 = torch.randint(0, n, (d_out,), generator=g)
         s1 = (torch.randint(0, 2, (d_out,), generator=g) * 2 - 1).float()
-        h2 = torch.randint(0, m, (d_in,), generator=g)
+        h2 = torch.randint(0, n, (d_in,), generator=g)
         s2 = (torch.randint(0, 2, (d_in,), generator=g) * 2 - 1).float()
         return h1, s1, h2, s2
 
-    def _count(self, x: torch.Tensor, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
-        """x [L, n, T, d] → [L, n, T, m], hashing each layer's d coordinates by its own h, s [L, d]."""
-        out = torch.zeros(*x.shape[:-1], self.m, device=x.device, dtype=torch.float32)
-        index = h[:, None, None, :].expand(*x.shape)
-        return out.scatter_add_(-1, index, x.float() * s[:, None, None, :])
+    def _dft(self, h: torch.Tensor, s: torch.Tensor) -> torch.Tensor:
+        """[L, d, 2(n//2 + 1)]: H[o, k] = s(o)·e^(−2πi·k·h(o)/n) as interleaved (real, imaginary) columns."""
+        k = torch.arange(self.n // 2 + 1, device=h.device)
+        phase = (h[..., None] * k % self.n).double() * (-2 * math.pi / self.n)  # reduced mod n: exact angles
+        return torch.stack([phase.cos(), phase.sin()], -1).mul_(s[..., None, None]).flatten(-2).float()
 
-    def _chunk(self, layers: int, tokens: int) -> int:
-        return max(1, self.chunk_elements // (layers * tokens * self.m))
+    def explicit(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """(bins, signs) [L, d_out·d_in] of every weight entry: the CountSketch this sketch computes without forming G."""
+        bins = (self.h1[:, :, None] + self.h2[:, None, :]) % self.n + torch.tensor(self.offsets, device=self.h1.device)[:, None, None]
+        return bins.flatten(1), (self.s1[:, :, None] * self.s2[:, None, :]).flatten(1)
 
     def __call__(self, b: torch.Tensor, a: torch.Tensor, scale_b=None, scale_a=None) -> torch.Tensor:
         """b [L, N, T, d_out], a [L, N, T, d_in] → [N, m]; optional scales ([L, d], [L, 1] or numbers) multiply b and a first."""
-        s1 = self.s1 if scale_b is None else self.s1 * scale_b
-        s2 = self.s2 if scale_a is None else self.s2 * scale_a
-        out, chunk = [], self._chunk(b.shape[0], b.shape[2])
-        for i in range(0, b.shape[1], chunk):
-            fb = torch.fft.rfft(self._count(b[:, i : i + chunk], self.h1, s1), n=self.m)
-            fa = torch.fft.rfft(self._count(a[:, i : i + chunk], self.h2, s2), n=self.m)
-            out.append(torch.fft.irfft(fb.mul_(fa).sum((0, 2)), n=self.m))
-        return torch.cat(out)
+        fb = rows_matmul(b.float(), _rows(self.f1, scale_b))  # [L, N, T, 2(n//2 + 1)]
+        fa = rows_matmul(a.float(), _rows(self.f2, scale_a))
+        return self._place((_complex(fb) * _complex(fa)).sum(2))
 
-    def one_hot(self, b: torch.Tensor, ids: torch.Tensor, vocab: int) -> torch.Tensor:
+    def one_hot(self, b: torch.Tensor, ids: torch.Tensor) -> torch.Tensor:
         """One embedding (L = 1): G = Σ_t e_{x_t} b_tᵀ with b [N, T, d] (the "out" factor is the one-hot row index)."""
-        h1, s1 = self.h1[0], self.s1[0]
-        out, chunk = [], self._chunk(1, b.shape[1])
-        for i in range(0, b.shape[0], chunk):
-            idc = ids[i : i + chunk]
-            cs_row = torch.zeros(*idc.shape, self.m, device=b.device)
-            cs_row.scatter_(-1, h1[idc].unsqueeze(-1), s1[idc].unsqueeze(-1))
-            fb = torch.fft.rfft(cs_row, n=self.m)
-            fa = torch.fft.rfft(self._count(b[None, i : i + chunk], self.h2, self.s2)[0], n=self.m)
-            out.append(torch.fft.irfft((fb * fa).sum(1), n=self.m))
-        return torch.cat(out)
+        fa = rows_matmul(b[None].float(), self.f2)
+        return self._place((_complex(self.f1[:, ids]) * _complex(fa)).sum(2))
+
+    def _place(self, spectrum: torch.Tensor) -> torch.Tensor:
+        """[L, N, n//2 + 1] per-layer spectra → [N, m]: each layer's count sketch in its block."""
+        sketches = torch.fft.irfft(spectrum, n=self.n)  # [L, N, n]
+        if self.n == self.m:
+            return sketches.sum(0)
+        out = sketches.new_zeros(sketches.shape[1], self.m)
+        return out.index_add_(1, self.columns, sketches.transpose(0, 1).flatten(1))
 
 
 class CountSketch:
@@ -136,3 +144,15 @@ class TwoSidedProjection:
 def _columns(scale):
     """A per-layer scale [L, d] (or [L, 1]) as [L, 1, d] to multiply the columns of [L, side, d] projections."""
     return scale[:, None, :] if isinstance(scale, torch.Tensor) else scale
+
+
+def _rows(f: torch.Tensor, scale) -> torch.Tensor:
+    """Per-layer DFT rows [L, d, k] scaled by a factor ([L, d], [L, 1] or a number; None: as they are)."""
+    if scale is None:
+        return f
+    return f * (scale[..., None] if isinstance(scale, torch.Tensor) else scale)
+
+
+def _complex(x: torch.Tensor) -> torch.Tensor:
+    """[..., 2k] interleaved (real, imaginary) → [..., k] complex (a view)."""
+    return torch.view_as_complex(x.unflatten(-1, (-1, 2)))
