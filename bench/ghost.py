@@ -42,7 +42,7 @@ from models.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine, scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
-from selection_callbacks.scoring.sketch import TensorSketch
+from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 
 PROXY = 8
 
@@ -96,25 +96,30 @@ def prepare_naive(model, opt, rows, args, chunk: int | None = None) -> Callable[
 
     per_sample = vmap(grad(single), in_dims=(None, 0, 0))
     hashes = {}
-    block = args.sketch_dim // len(names)
-    for i, k in enumerate(names):  # the engine's TensorSketch hash (layer i's block of bins), materialised
-        bins, signs = TensorSketch(args.sketch_dim, *params[k].shape, 0, [i], torch.device(args.device), block=block).explicit()
+    blocks = sketch_blocks([params[k].numel() for k in names], args.sketch_dim)
+    for i, (k, (offset, n)) in enumerate(zip(names, blocks)):  # the engine's TensorSketch hash (layer i's block), materialised
+        bins, signs = TensorSketch(args.sketch_dim, *params[k].shape, 0, [i], torch.device(args.device), n, [offset]).explicit()
         hashes[k] = (bins[0], signs[0])
 
-    def run() -> None:
+    def run() -> torch.Tensor:
+        """The utilities [N] (sketches are built and dropped, as the engine's would be read)."""
         scored = {k: params[k].detach() for k in names}
         proxy = per_sample(scored, rows["input_ids"][args.n :], rows["labels"][args.n :])
         gbar = {k: proxy[k].mean(0) for k in names}
         maps = {k: OptimizerPreconditioner(opt)([params[k]], gbar[k][None]) for k in names}
+        utilities = []
         for i in range(0, args.n, chunk):
-            G = per_sample(scored, rows["input_ids"][i : i + chunk], rows["labels"][i : i + chunk])
+            j = min(i + chunk, args.n)  # candidates only, never the proxy rows after them
+            G = per_sample(scored, rows["input_ids"][i:j], rows["labels"][i:j])
             u, sketch = 0.0, torch.zeros(G[names[0]].shape[0], args.sketch_dim, device=args.device)
             for k in names:
                 PG = maps[k].apply(G[k][None])[0]
                 u = u + (PG * gbar[k]).flatten(1).sum(1)
                 idx, sign = hashes[k]
                 sketch.index_add_(1, idx, PG.flatten(1) * sign)
+            utilities.append(u)
             del G
+        return torch.cat(utilities)
 
     return run
 

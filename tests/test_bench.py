@@ -225,3 +225,30 @@ def test_equal_wall_uses_the_interleaved_step_time_ratio(tmp_path) -> None:
     (tmp_path / "s.json").write_text(json.dumps(steptime))
     with pytest.raises(SystemExit, match="optimizer differs"):
         equal_wall_main([str(tmp_path / "r.json"), str(tmp_path / "s.json")])
+
+
+def test_bench_ghost_naive_baseline_scores_what_the_engine_scores() -> None:
+    """The fair baseline: vmap(grad) per-sample gradients, the same live AdamW map, the same utilities."""
+    import argparse
+
+    import torch
+
+    from bench import ghost as bench_ghost
+
+    args = argparse.Namespace(score_len=8, layers=1, width=64, device="cpu", n=6, sketch_dim=64, engine_chunk=4, chunk=4)
+    model, opt, rows = bench_ghost.setup(args)
+    got = bench_ghost.prepare_engine(model, opt, rows, args)().utilities
+    want = bench_ghost.prepare_naive(model, opt, rows, args)()
+    torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-5 * float(want.abs().max()))
+
+
+def test_sketch_error_compares_block_and_shared_layouts(tmp_path) -> None:
+    from bench import sketch_error
+
+    out = sketch_error.main(["--ms", "32,128", "--seeds", "4", "--layers", "1", "--width", "64", "--n", "4",
+                             "--out", str(tmp_path / "e.json")])
+    assert json.loads((tmp_path / "e.json").read_text())["per_m"] == out["per_m"]
+    small, large = out["per_m"]
+    for row in out["per_m"]:
+        assert 0 < row["blocks_rel_error"] < 1 and 0 < row["shared_rel_error"] < 1
+    assert large["blocks_rel_error"] < small["blocks_rel_error"]  # more bins per layer, less error

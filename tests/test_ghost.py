@@ -15,7 +15,7 @@ from models.optim import build_optimizer
 import selection_callbacks.scoring.ghost as ghost
 from selection_callbacks.scoring.ghost import GhostEngine, check_precision, scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.sketch import TensorSketch
+from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 from selection_callbacks.scoring.preconditioners import (
     IdentityPreconditioner,
     OptimizerPreconditioner,
@@ -142,19 +142,20 @@ def test_engine_sketches_are_unbiased(opt_name: str, sketch: str) -> None:
 def test_engine_tensor_sketch_is_each_layers_count_sketch_in_its_block(opt_name: str) -> None:
     """Exact maps (SGD, Muon; the embedding's AdamW diagonal is gathered exactly, only a linear layer's AdamW map is
     factorised, so Muon's AdamW head stays out): the sketch is Σ_layers the CountSketch of P G_i under the layer's
-    own hash into its own block of m // (scored layers) bins, built here from explicit per-sample gradients."""
+    own hash into its own block of bins (sized by the layer's weights), built here from explicit per-sample gradients."""
     model, opt = trained(opt_name, 3)
     batch, resolver = rows(), OptimizerPreconditioner(opt)
     engine = GhostEngine(model, include_embedding=True, include_head=opt_name == "sgd", sketch_dim=100)
     got = engine.score(row_losses(model), batch, N_CAND, resolver, seed=5)
     G, params = per_sample_grads(model, batch), dict(model.named_parameters())
-    block, want = 100 // len(engine.layers), torch.zeros(N_CAND, 100)
+    blocks, want = sketch_blocks([m.weight.numel() for _, m in engine.layers], 100), torch.zeros(N_CAND, 100)
     for index, (name, _) in enumerate(engine.layers):
         if name in got.shared:
             continue
         grads = G[f"{name}.weight"]
         PG = resolver([params[f"{name}.weight"]], grads[N_CAND:].mean(0)[None]).apply(grads[None, :N_CAND])[0]
-        bins, signs = TensorSketch(100, *PG.shape[1:], 5, [index], torch.device("cpu"), block=block).explicit()
+        offset, n = blocks[index]
+        bins, signs = TensorSketch(100, *PG.shape[1:], 5, [index], torch.device("cpu"), n, [offset]).explicit()
         want.index_add_(1, bins[0], PG.flatten(1) * signs[0])
     tol = 1e-3 if opt_name == "muon" else 1e-4
     torch.testing.assert_close(got.sketches, want, rtol=tol, atol=tol * float(want.abs().max()))
@@ -162,7 +163,7 @@ def test_engine_tensor_sketch_is_each_layers_count_sketch_in_its_block(opt_name:
 
 def test_tensor_sketch_needs_a_bin_per_layer() -> None:
     model, _ = trained("sgd", 0)
-    with pytest.raises(ValueError, match="below the 8 scored layers"):
+    with pytest.raises(ValueError, match="no bin of its own"):
         GhostEngine(model, sketch_dim=7)
 
 

@@ -7,7 +7,7 @@ import math
 import pytest
 import torch
 
-from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSidedProjection
+from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSidedProjection, sketch_blocks
 
 N, D_OUT, D_IN, SEEDS = 4, 64, 64, 150  # dim = 4096, m up to 256 = dim/16
 MS = (16, 64, 256)
@@ -92,14 +92,14 @@ def test_stacked_layers_sketch_to_the_sum_of_their_own_sketches(cls) -> None:
     torch.testing.assert_close(stacked, one_by_one, rtol=1e-4, atol=1e-4)
 
 
-@pytest.mark.parametrize("block, m, layers", [(None, 64, [0, 1]), (16, 64, [0, 2]), (7, 40, [2, 4])])
-def test_tensor_sketch_is_the_count_sketch_of_its_hash(block, m, layers) -> None:
+@pytest.mark.parametrize("block, m, layers, offsets", [(None, 64, [0, 1], None), (16, 64, [0, 2], [0, 32]), (7, 40, [2, 4], [30, 9])])
+def test_tensor_sketch_is_the_count_sketch_of_its_hash(block, m, layers, offsets) -> None:
     """Exactly (not just in expectation) the CountSketch of the scaled Σ_t b aᵀ under (h1(o) + h2(i)) mod n, each
     layer in its own block of n bins (or, without blocks, all layers over all m bins)."""
     g = torch.Generator().manual_seed(4)
     b, a = torch.randn(2, N, 5, D_OUT, generator=g), torch.randn(2, N, 5, D_IN, generator=g)
     scale_b, scale_a = torch.rand(2, D_OUT, generator=g), torch.rand(2, 1, generator=g)
-    ts = TensorSketch(m, D_OUT, D_IN, 3, layers, torch.device("cpu"), block=block)
+    ts = TensorSketch(m, D_OUT, D_IN, 3, layers, torch.device("cpu"), block=block, offsets=offsets)
     G = torch.einsum("lnto,lnti->lnoi", b * scale_b[:, None, None], a * scale_a[:, None, None]).flatten(2)
     bins, signs = ts.explicit()
     want = torch.zeros(N, m)
@@ -114,5 +114,12 @@ def test_tensor_sketch_is_the_count_sketch_of_its_hash(block, m, layers) -> None
 
 
 def test_tensor_sketch_blocks_must_fit() -> None:
-    with pytest.raises(ValueError, match="exceed the sketch dimension"):
-        TensorSketch(40, D_OUT, D_IN, 0, [5], torch.device("cpu"), block=8)
+    with pytest.raises(ValueError, match="do not fit"):
+        TensorSketch(40, D_OUT, D_IN, 0, [5], torch.device("cpu"), block=8, offsets=[35])
+
+
+def test_sketch_blocks_split_the_bins_by_layer_size() -> None:
+    assert sketch_blocks([300, 100, 100], 10) == [(0, 6), (6, 2), (8, 2)]
+    assert sketch_blocks([64, 64], 33) == [(0, 16), (16, 16)]  # same-sized layers get equal blocks (stackable)
+    with pytest.raises(ValueError, match="no bin of its own"):
+        sketch_blocks([1000, 1], 50)

@@ -15,7 +15,7 @@ these sizes); on a CPU each layer is scored alone (stacking only copies there). 
 - proxy direction ḡ = (1/P) Σ_p G_p, preconditioned Q = P ḡ (P self-adjoint, see preconditioners);
 - exact utilities u_i = ⟨P G_i, ḡ⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
 - optional m-dimensional sketches S_i with E⟨S_i, S_j⟩ = ⟨P G_i, P G_j⟩, summed over layers (a tensor
-  sketch gives each layer its own block of m // layers bins: its cost is linear in the block);
+  sketch gives each layer its own block of bins, in proportion to its size: its cost is linear in the block);
 - optional squared norms ‖P G_i‖², by the T² Gram form where 2T² ≤ d_in·d_out, else materialised.
 """
 
@@ -29,7 +29,7 @@ import torch
 import torch.nn as nn
 
 from selection_callbacks.scoring.preconditioners import DiagonalMap, Preconditioner, Resolver, ScalarMap, rows_matmul
-from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSidedProjection
+from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSidedProjection, sketch_blocks
 
 SketchKind = Literal["tensor", "count", "two_sided"]
 STACK_ROW_ELEMENTS = 1 << 20  # numbers of captured a and b per row in one stack of layers
@@ -94,8 +94,8 @@ class GhostEngine:
         model: the (unwrapped) module whose layers are scored.
         include_embedding: also score ``nn.Embedding`` weights.
         include_head: also score the output head (``lm_head`` / ``is_output_head``).
-        sketch_dim: m; 0 disables sketches. With ``"tensor"`` each scored layer owns m // (scored
-            layers) of the bins (see :class:`TensorSketch`), so m must be at least the layer count.
+        sketch_dim: m; 0 disables sketches. With ``"tensor"`` each scored layer owns a block of the
+            bins in proportion to its weight size (:func:`sketch_blocks`), at least one.
         sketch: ``"tensor"`` (TensorSketch; AdamW through its rank-1 factorised D), ``"count"``
             (exact CountSketch of materialised P G_i, the reference) or ``"two_sided"``.
         norms: also compute ‖P G_i‖².
@@ -127,11 +127,8 @@ class GhostEngine:
         self.layers = scored_layers(model, include_embedding, include_head, tuple(exclude))
         if candidate_chunk is not None and candidate_chunk < 1:
             raise ValueError(f"candidate_chunk must be ≥ 1 or None, got {candidate_chunk}")
-        if sketch == "tensor" and 0 < sketch_dim < len(self.layers):
-            raise ValueError(
-                f"sketch_dim={sketch_dim} is below the {len(self.layers)} scored layers: a tensor sketch gives each "
-                "layer its own block of bins; raise sketch_dim or score fewer layers"
-            )
+        sizes = [module.weight.numel() for _, module in self.layers]
+        self._blocks = dict(zip([name for name, _ in self.layers], sketch_blocks(sizes, sketch_dim))) if sketch == "tensor" and sketch_dim else {}
         self.sketch_dim, self.sketch, self.norms, self.chunk = sketch_dim, sketch, norms, chunk
         self.candidate_chunk, self.stack_layers = candidate_chunk, stack_layers
         self._modules = dict(self.layers)
@@ -326,8 +323,8 @@ class GhostEngine:
         if key not in self._sketchers:
             layers = [self._index[n] if n in self._index else len(self._index) + self._index[n.rsplit(".", 1)[0]] for n in names]
             self._sketchers = {k: v for k, v in self._sketchers.items() if k[2] == seed}
-            block = {"block": self.sketch_dim // len(self._index)} if cls is TensorSketch else {}
-            self._sketchers[key] = cls(self.sketch_dim, d_out, d_in, seed, layers, device, **block)
+            blocks = {"block": self._blocks[names[0]][1], "offsets": [self._blocks[n][0] for n in names]} if cls is TensorSketch else {}
+            self._sketchers[key] = cls(self.sketch_dim, d_out, d_in, seed, layers, device, **blocks)
         return self._sketchers[key]
 
     def _materialised(self, pre: Preconditioner, B: torch.Tensor, A: torch.Tensor):

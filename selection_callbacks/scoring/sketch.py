@@ -30,31 +30,30 @@ class TensorSketch:
     """TensorSketch of per-token outer products, summed over tokens; each layer in its own block of bins.
 
     Layer k (of the L stacked) hashes entry (o, i) of G = Σ_t b_t a_tᵀ to bin
-    ``layers[k]·n + (h1(o) + h2(i)) mod n`` with sign s1(o)s2(i), n = ``block`` bins per layer. That
+    ``offsets[k] + (h1(o) + h2(i)) mod n`` with sign s1(o)s2(i), n = ``block`` bins per layer. That
     CountSketch of G is the circular convolution Σ_t CS1(b_t) ⊛ CS2(a_t), whose real DFT is
     Σ_t (b_t H1) ⊙ (a_t H2) with H[o, k] = s(o)·e^(−2πi·k·h(o)/n), k ≤ n/2. Two dense products with
     n + 2 real columns per side (then one small inverse FFT per candidate) replace the count sketches'
     scatter and the per-token FFTs: NT·(d_out + d_in)·(n + 2) multiply-adds per layer, linear in n.
-
-    Blocks keep layers apart: with the m bins split into L_total blocks of n = m / L_total, the error
-    matches one shared m-bin sketch when the layers' gradient norms are alike (Σ_l ‖G_l‖⁴/n against
-    (Σ_l ‖G_l‖²)²/m) at 1/L_total of the cost; one dominant layer gets only its n bins.
+    See :func:`sketch_blocks` for how the engine splits its m bins.
 
     Args:
         m: sketch dimension (the output has m columns).
         d_out, d_in: factor dimensions.
         seed: selects the hash functions together with each layer index.
-        layers: the layer indices of the stacked layers (their blocks).
+        layers: the layer indices of the stacked layers.
         block: bins per layer, n (None: m, every layer over all m bins, their sketches summed).
+        offsets: each stacked layer's first bin (with ``block``).
     """
 
     def __init__(
-        self, m: int, d_out: int, d_in: int, seed: int, layers: list[int], device: torch.device, block: int | None = None
+        self, m: int, d_out: int, d_in: int, seed: int, layers: list[int], device: torch.device,
+        block: int | None = None, offsets: list[int] | None = None,
     ) -> None:
         self.m, self.n = m, block or m
-        self.offsets = [layer * self.n if block else 0 for layer in layers]
-        if max(self.offsets) + self.n > m:
-            raise ValueError(f"layer blocks of {self.n} bins at {self.offsets} exceed the sketch dimension m={m}")
+        self.offsets = list(offsets) if block else [0] * len(layers)
+        if len(self.offsets) != len(layers) or min(self.offsets) < 0 or max(self.offsets) + self.n > m:
+            raise ValueError(f"layer blocks of {self.n} bins at {self.offsets} do not fit {len(layers)} layers in m={m} bins")
         tables = [self._hashes(self.n, d_out, d_in, _generator(seed, layer)) for layer in layers]
         self.h1, self.s1, self.h2, self.s2 = (torch.stack(t).to(device) for t in zip(*tables))
         self.f1, self.f2 = self._dft(self.h1, self.s1), self._dft(self.h2, self.s2)
@@ -97,6 +96,23 @@ class TensorSketch:
             return sketches.sum(0)
         out = sketches.new_zeros(sketches.shape[1], self.m)
         return out.index_add_(1, self.columns, sketches.transpose(0, 1).flatten(1))
+
+
+def sketch_blocks(sizes: list[int], m: int) -> list[tuple[int, int]]:
+    """(first bin, bins) of each layer: m bins split in proportion to the layers' weight sizes.
+
+    The error of ⟨S_i, S_j⟩ summed over per-layer blocks of n_l bins is ~ Σ_l ‖G_l‖²‖G'_l‖²/n_l,
+    least (and equal to one shared m-bin sketch's (Σ_l ‖G_l‖²)(Σ_l ‖G'_l‖²)/m) with n_l ∝ the
+    layers' shares of the squared norms. Under an adaptive optimizer every weight's step is of
+    one scale, so a layer's share of ‖P G‖² goes with its size: blocks ∝ d_out·d_in.
+    """
+    total = sum(sizes)
+    bins = [m * s // total for s in sizes]
+    if min(bins) < 1:
+        raise ValueError(f"sketch_dim={m} leaves a layer of {min(sizes)} weights no bin of its own ({len(sizes)} layers, "
+                         f"{total} weights); raise sketch_dim or score fewer layers")
+    offsets = [sum(bins[:i]) for i in range(len(bins))]
+    return list(zip(offsets, bins))
 
 
 class CountSketch:

@@ -1,0 +1,95 @@
+"""Tensor-sketch error by layout: the engine's per-layer blocks (sized by weight count) against even blocks and
+against every layer over all m bins.
+
+    python -m bench.sketch_error --out bench/results/ghost/sketch-error.json
+
+On the bench.ghost GPT (live AdamW map, applied exactly to materialised per-sample gradients P G_i of
+every scored weight), every layout hashes each layer's P G_i with TensorSketch's own hash: entry
+(o, i) to (h1(o) + h2(i)) mod n with sign s1(o)s2(i), into the layer's block of n bins
+(``sketch_blocks``: n ∝ d_out·d_in; ``even``: n = m // layers) or over all m bins (``shared``).
+Reported per m: the mean over candidate pairs and seeds of |⟨S_i, S_j⟩ − ⟨P G_i, P G_j⟩| /
+(‖P G_i‖‖P G_j‖), and, once, the largest layer's share of Σ_l ‖P G_i^l‖².
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+from pathlib import Path
+
+import torch
+import torch.nn.functional as F
+from torch.func import functional_call, grad, vmap
+
+from bench.ghost import setup
+from selection_callbacks.scoring.ghost import scored_layers
+from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
+from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
+
+
+def preconditioned_grads(model, opt, rows, n: int) -> dict[str, torch.Tensor]:
+    """name → P G_i [n, d_out, d_in] of every scored weight (ḡ from the proxy rows after the n candidates)."""
+    names = [f"{name}.weight" for name, _ in scored_layers(model)]
+    params = dict(model.named_parameters())
+    fixed = {k: v.detach() for k, v in params.items() if k not in names}
+
+    def single(scored, x, y):
+        return F.cross_entropy(functional_call(model, {**fixed, **scored}, (x[None],))[0], y)
+
+    G = vmap(grad(single), in_dims=(None, 0, 0))({k: params[k].detach() for k in names}, rows["input_ids"], rows["labels"])
+    resolve = OptimizerPreconditioner(opt)
+    return {k: resolve([params[k]], G[k][n:].mean(0)[None]).apply(G[k][None, :n])[0] for k in names}
+
+
+def sketch(PG: dict[str, torch.Tensor], m: int, seed: int, layout: str) -> torch.Tensor:
+    """[n, m]: Σ_layers the CountSketch of P G_i under the layer's TensorSketch hash, blocks per ``layout``."""
+    out = torch.zeros(next(iter(PG.values())).shape[0], m)
+    blocks = {"blocks": sketch_blocks([g[0].numel() for g in PG.values()], m),
+              "even": [(i * (m // len(PG)), m // len(PG)) for i in range(len(PG))],
+              "shared": [(0, None)] * len(PG)}[layout]
+    for index, (g, (offset, n)) in enumerate(zip(PG.values(), blocks)):
+        bins, signs = TensorSketch(m, *g.shape[1:], seed, [index], torch.device("cpu"), n, [offset]).explicit()
+        out.index_add_(1, bins[0], g.flatten(1) * signs[0])
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict:
+    p = argparse.ArgumentParser(prog="python -m bench.sketch_error", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path)
+    p.add_argument("--n", type=int, default=8, help="candidates")
+    p.add_argument("--ms", default="256,512,1024")
+    p.add_argument("--seeds", type=int, default=20)
+    p.add_argument("--layers", type=int, default=6)
+    p.add_argument("--width", type=int, default=384)
+    p.add_argument("--score-len", type=int, default=16)
+    args = p.parse_args(argv)
+    model, opt, rows = setup(argparse.Namespace(**vars(args), device="cpu"))
+    PG = preconditioned_grads(model, opt, rows, args.n)
+    flat = torch.cat([g.flatten(1) for g in PG.values()], 1)
+    exact = flat @ flat.T
+    norms = exact.diagonal().sqrt()
+    iu = torch.triu_indices(args.n, args.n, 1)
+    shares = torch.stack([g.flatten(1).square().sum(1) for g in PG.values()]) / exact.diagonal()
+    result = {"config": vars(args) | {"out": str(args.out), "layers_scored": len(PG), "proxy_rows": rows["input_ids"].shape[0] - args.n},
+              "largest_layer_share": float(shares.max(0).values.mean()), "per_m": []}
+    for m in (int(x) for x in args.ms.split(",")):
+        row: dict = {"m": m}
+        for layout in ("blocks", "even", "shared"):
+            errors = []
+            for seed in range(args.seeds):
+                s = sketch(PG, m, seed, layout)
+                rel = ((s @ s.T - exact).abs() / torch.outer(norms, norms))[iu[0], iu[1]]
+                errors.append(float(rel.mean()))
+            row[f"{layout}_rel_error"] = sum(errors) / len(errors)
+        row["blocks_over_shared"] = row["blocks_rel_error"] / row["shared_rel_error"]
+        row["even_over_shared"] = row["even_rel_error"] / row["shared_rel_error"]
+        print(json.dumps(row), flush=True)
+        result["per_m"].append(row)
+    if args.out:
+        args.out.parent.mkdir(parents=True, exist_ok=True)
+        args.out.write_text(json.dumps(result, indent=1))
+    return result
+
+
+if __name__ == "__main__":
+    main()
