@@ -25,6 +25,7 @@ from pathlib import Path
 
 import numpy as np
 
+from bench.report import write_json
 from selection_callbacks.offline.datamask import datamask
 
 
@@ -146,9 +147,7 @@ def main(argv: list[str] | None = None) -> dict:
         "selected": compare,
         "curve": [round(x, 6) for x in curve],
     }
-    out = Path(a.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(result, indent=1))
+    write_json(Path(a.out), result)
     print(json.dumps({k: v for k, v in result.items() if k != "curve"}, indent=1))
     print("curve (every 10th):", [round(x, 4) for x in curve[::10]])
     return result

@@ -37,6 +37,7 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
+from bench.report import write_json
 from models.gpt import GPT, GPTConfig
 from models.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine, scored_layers
@@ -278,9 +279,7 @@ def main(argv: list[str] | None = None) -> dict:
         "per_n": table,
     }
     print(json.dumps({k: v for k, v in result.items() if k != "per_n"}, indent=1))
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     return result
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import json
 import math
 from pathlib import Path
 from typing import Any
@@ -70,6 +71,13 @@ def summarize(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         for s in out.values():
             s["oracle_share"] = (-s["diff_mean"] / gain) if gain > 0 else float("nan")
     return out
+
+
+def write_json(path: Path | None, obj: Any) -> None:
+    """``obj`` as indented JSON at ``path`` (parents created); nothing when ``path`` is None."""
+    if path is not None:
+        path.parent.mkdir(parents=True, exist_ok=True)
+        path.write_text(json.dumps(obj, indent=1))
 
 
 def fmt_relative(values: list[float | None]) -> str:

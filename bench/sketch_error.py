@@ -22,6 +22,7 @@ import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
 from bench.ghost import setup
+from bench.report import write_json
 from selection_callbacks.scoring.ghost import scored_layers
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
@@ -85,9 +86,7 @@ def main(argv: list[str] | None = None) -> dict:
         row["even_over_shared"] = row["even_rel_error"] / row["shared_rel_error"]
         print(json.dumps(row), flush=True)
         result["per_m"].append(row)
-    if args.out:
-        args.out.parent.mkdir(parents=True, exist_ok=True)
-        args.out.write_text(json.dumps(result, indent=1))
+    write_json(args.out, result)
     return result
 
 
