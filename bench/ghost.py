@@ -81,21 +81,25 @@ def prepare_engine(model, opt, rows, args) -> Callable[[], None]:
     return lambda: engine.score(row_losses(model), rows, args.n, OptimizerPreconditioner(opt))
 
 
-def prepare_naive(model, opt, rows, args, chunk: int | None = None) -> Callable[[], None]:
-    """Per-sample gradients of the scored weights by chunked vmap(grad), exact P, the same hash family."""
+def per_sample_weight_grads(model) -> tuple[list[str], Callable]:
+    """(names, fn): the scored weights' names and ``fn(weights, ids, labels)`` → name → per-sample gradients
+    [n, d_out, d_in] by ``vmap(grad)`` of each row's mean token loss (the other parameters held fixed)."""
     from torch.func import functional_call, grad, vmap
 
-    chunk = chunk or args.chunk
-
     names = [f"{n}.weight" for n, _ in scored_layers(model)]
-    params = dict(model.named_parameters())
-    fixed = {k: v.detach() for k, v in params.items() if k not in names}
+    fixed = {k: v.detach() for k, v in model.named_parameters() if k not in names}
 
     def single(scored, x, y):
-        logits = functional_call(model, {**fixed, **scored}, (x[None],))
-        return F.cross_entropy(logits[0], y)
+        return F.cross_entropy(functional_call(model, {**fixed, **scored}, (x[None],))[0], y)
 
-    per_sample = vmap(grad(single), in_dims=(None, 0, 0))
+    return names, vmap(grad(single), in_dims=(None, 0, 0))
+
+
+def prepare_naive(model, opt, rows, args, chunk: int | None = None) -> Callable[[], None]:
+    """Per-sample gradients of the scored weights by chunked vmap(grad), exact P, the same hash family."""
+    chunk = chunk or args.chunk
+    names, per_sample = per_sample_weight_grads(model)
+    params = dict(model.named_parameters())
     hashes = {}
     blocks = sketch_blocks([params[k].numel() for k in names], args.sketch_dim)
     for i, (k, (offset, n)) in enumerate(zip(names, blocks)):  # the engine's TensorSketch hash (layer i's block), materialised

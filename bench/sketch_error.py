@@ -18,26 +18,18 @@ import json
 from pathlib import Path
 
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
 
-from bench.ghost import setup
+from bench.ghost import per_sample_weight_grads, setup
 from bench.report import write_json
-from selection_callbacks.scoring.ghost import scored_layers
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 
 
 def preconditioned_grads(model, opt, rows, n: int) -> dict[str, torch.Tensor]:
     """name → P G_i [n, d_out, d_in] of every scored weight (ḡ from the proxy rows after the n candidates)."""
-    names = [f"{name}.weight" for name, _ in scored_layers(model)]
+    names, per_sample = per_sample_weight_grads(model)
     params = dict(model.named_parameters())
-    fixed = {k: v.detach() for k, v in params.items() if k not in names}
-
-    def single(scored, x, y):
-        return F.cross_entropy(functional_call(model, {**fixed, **scored}, (x[None],))[0], y)
-
-    G = vmap(grad(single), in_dims=(None, 0, 0))({k: params[k].detach() for k in names}, rows["input_ids"], rows["labels"])
+    G = per_sample({k: params[k].detach() for k in names}, rows["input_ids"], rows["labels"])
     resolve = OptimizerPreconditioner(opt)
     return {k: resolve([params[k]], G[k][n:].mean(0)[None]).apply(G[k][None, :n])[0] for k in names}
 
