@@ -9,7 +9,7 @@ tokens and wall-clock) to the run folder. After ``fit`` a final validation print
 
 The run folder is ``--recorder.out_dir`` (default ``--trainer.default_root_dir``). ``--ledger``
 records every candidate's score and fate under ``<run folder>/ledger/`` (on by default,
-``--ledger.enabled false`` turns it off; ``python -m selection_callbacks.ledger`` exports and
+``--ledger.enabled false`` turns it off; ``python -m selection_callbacks.cli.ledger`` exports and
 summarises it). ``--dashboard`` logs throughput scalars to every logger and, with W&B, score
 histograms and domain tables (``--dashboard.histogram_every``).
 
@@ -22,11 +22,11 @@ from __future__ import annotations
 
 from lightning.pytorch.cli import LightningCLI
 
-from models.lit_gpt import LitGPT
-from selection_callbacks.core.callback import SelectionCallback
-from selection_callbacks.core.dashboard import SelectionDashboard
-from selection_callbacks.core.ledger import SelectionLedger
-from selection_callbacks.core.recorder import RunRecorder
+from selection_callbacks.learner.lit_gpt import LitGPT
+from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.callbacks.dashboard import SelectionDashboard
+from selection_callbacks.callbacks.ledger_writer import SelectionLedger
+from selection_callbacks.callbacks.recorder import RunRecorder
 from selection_callbacks.data.datamodule import PoolDataModule
 
 

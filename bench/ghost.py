@@ -38,8 +38,8 @@ import torch
 import torch.nn.functional as F
 
 from bench.report import write_json
-from models.gpt import GPT, GPTConfig
-from models.optim import build_optimizer
+from selection_callbacks.nn.gpt import GPT, GPTConfig
+from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine, scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner

@@ -1,7 +1,7 @@
 """Online data selection for LLM pre-training, as PyTorch Lightning callbacks."""
 
-from selection_callbacks.core.callback import Scores, SelectionCallback
-from selection_callbacks.core.recorder import RunRecorder
+from selection_callbacks.callbacks.base import Scores, SelectionCallback
+from selection_callbacks.callbacks.recorder import RunRecorder
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import (
     ClassActSelection,

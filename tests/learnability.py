@@ -19,9 +19,9 @@ import numpy as np
 import torch
 
 import train
-from models.gpt import GPTConfig
-from models.lit_gpt import LitGPT
-from selection_callbacks.core.callback import SelectionRecord
+from selection_callbacks.nn.gpt import GPTConfig
+from selection_callbacks.learner.lit_gpt import LitGPT
+from selection_callbacks.callbacks.base import SelectionRecord
 from selection_callbacks.data.packing import pack_source
 from tests.conftest import WORDS, write_jsonl
 

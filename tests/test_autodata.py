@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from selection_callbacks.offline.autodata import SearchConfig, Search, TrialStore
-from selection_callbacks.offline.autodata_proposers import (
+from selection_callbacks.offline.autodata.search import SearchConfig, Search, TrialStore
+from selection_callbacks.offline.autodata.proposers import (
     EvolutionProposer, RandomProposer, Ridge, SubsetProfile, canonical, mutate, noise_aware_scores, random_recipe,
 )
 from selection_callbacks.offline.corpus import Budget, load_corpus
 from selection_callbacks.offline.features import feature_bank
-from selection_callbacks.offline.recipe import FEATURES, feature_table, load_recipe, validate_recipe
+from selection_callbacks.offline.autodata.recipe import FEATURES, feature_table, load_recipe, validate_recipe
 from selection_callbacks.offline.select import SELECTORS, run_selection
 from tests.test_offline_features import TINY_BANK, TINY_PROXY
 
@@ -230,7 +230,7 @@ def _planted_search(make, seed: int, trials: int = 40, noise: float = 0.0) -> fl
     """True score of the best-observed trial of a search on a synthetic pool whose planted quality is
     z(log dsir) − z(log chars_per_token) + ½ z(log distinct_5) + noise (true score: −mean quality
     kept; observed: true + N(0, noise²)). ``make(table, budget, seed)`` builds the proposer."""
-    from selection_callbacks.offline.recipe import FEATURES, FeatureTable, RecipeError, apply_recipe_inline
+    from selection_callbacks.offline.autodata.recipe import FEATURES, FeatureTable, RecipeError, apply_recipe_inline
 
     rng = np.random.default_rng(100 + seed)
     numeric = {f: rng.lognormal(0, 1, 600) for f in FEATURES}

@@ -7,9 +7,9 @@ import pytest
 import torch
 from torch.utils.data import DataLoader
 
-from models.gpt import GPTConfig
-from models.lit_gpt import LitGPT
-from selection_callbacks.core.callback import SelectionCallback
+from selection_callbacks.nn.gpt import GPTConfig
+from selection_callbacks.learner.lit_gpt import LitGPT
+from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.core.contract import SuperbatchError, subset_in_place
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import HighLossSelection, RandomSelection

@@ -13,9 +13,9 @@ import wandb
 from lightning.pytorch.loggers import CSVLogger
 
 import train
-from models.gpt import GPTConfig
-from models.lit_gpt import LitGPT
-from selection_callbacks.core.dashboard import SelectionDashboard
+from selection_callbacks.nn.gpt import GPTConfig
+from selection_callbacks.learner.lit_gpt import LitGPT
+from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RandomSelection
 

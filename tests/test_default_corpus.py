@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-from selection_callbacks.data.default import (
+from selection_callbacks.data.default_corpus import (
     CARD_FILE,
     DOMAINS,
     MAX_DOC_BYTES,
@@ -98,7 +98,7 @@ def test_card_matches_files(built) -> None:
 def test_same_seed_is_byte_identical_across_processes(built, tmp_path: Path) -> None:
     out, _, _ = built
     env = {**os.environ, "PYTHONHASHSEED": "12345", "PYTHONPATH": str(REPO_ROOT)}
-    command = [sys.executable, "-m", "selection_callbacks.data.default", "--out", str(tmp_path), "--seed", "0"]
+    command = [sys.executable, "-m", "selection_callbacks.data.default_corpus", "--out", str(tmp_path), "--seed", "0"]
     subprocess.run(command, cwd=REPO_ROOT, env=env, check=True, capture_output=True)
     for name in ALL_FILES:
         assert (tmp_path / name).read_bytes() == (out / name).read_bytes(), name

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
-from models.gpt import GPT, GPTConfig
-from models.optim import build_optimizer
+from selection_callbacks.nn.gpt import GPT, GPTConfig
+from selection_callbacks.nn.optim import build_optimizer
 import selection_callbacks.scoring.ghost as ghost
 from selection_callbacks.scoring.ghost import GhostEngine, check_precision, scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
@@ -328,7 +328,7 @@ def test_adamw_map_stays_bounded_on_unseen_embedding_rows() -> None:
 
 
 def test_layer_patterns_score_a_subset_with_the_same_utilities() -> None:
-    from selection_callbacks.scoring.ghost_callback import excluded_layers
+    from selection_callbacks.callbacks.ghost import excluded_layers
 
     model, opt = trained("muon")
     full = GhostEngine(model).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))

@@ -10,8 +10,8 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
-from models.gpt import GPT, GPTConfig
-from models.optim import build_optimizer
+from selection_callbacks.nn.gpt import GPT, GPTConfig
+from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.data.packing import pack_source
 from selection_callbacks.scoring.ghost import GhostEngine
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner

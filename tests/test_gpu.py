@@ -11,8 +11,8 @@ from pathlib import Path
 import pytest
 import torch
 
-from models.gpt import GPT, GPTConfig
-from models.optim import build_optimizer
+from selection_callbacks.nn.gpt import GPT, GPTConfig
+from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner

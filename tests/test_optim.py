@@ -6,8 +6,8 @@ import copy
 
 import torch
 
-from models.gpt import GPT, GPTConfig
-from models.optim import MuonWithAdamW, build_optimizer, split_params, warmup_cosine
+from selection_callbacks.nn.gpt import GPT, GPTConfig
+from selection_callbacks.nn.optim import MuonWithAdamW, build_optimizer, split_params, warmup_cosine
 
 CFG = GPTConfig(vocab_size=64, block_size=8, n_layer=2, n_head=2, n_embd=16)
 

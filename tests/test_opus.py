@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 import torch
 
-from models.gpt import GPTConfig
-from models.lit_gpt import LitGPT
+from selection_callbacks.nn.gpt import GPTConfig
+from selection_callbacks.learner.lit_gpt import LitGPT
 from selection_callbacks.core.sampling import SequentialBoltzmann, effective_sample_size
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import GreatsSelection, OPUSSelection

@@ -10,13 +10,13 @@ import numpy as np
 import pytest
 import torch
 
-from models.lit_gpt import LitGPT
-from selection_callbacks.core.callback import SelectionRecord
+from selection_callbacks.learner.lit_gpt import LitGPT
+from selection_callbacks.callbacks.base import SelectionRecord
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RhoLossSelection
 from selection_callbacks.offline import reference_losses
 from selection_callbacks.offline.reference_losses import ReferenceLossTable
-from selection_callbacks.scoring.proxy import load_reference
+from selection_callbacks.learner.reference import load_reference
 from tests.learnability import SEQ_LEN, assert_learnability_order, trained_models
 
 

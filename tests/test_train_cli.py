@@ -11,9 +11,9 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 import train
-from models.gpt import GPTConfig
-from models.lit_gpt import LitGPT
-from selection_callbacks.core.callback import SelectionCallback
+from selection_callbacks.nn.gpt import GPTConfig
+from selection_callbacks.learner.lit_gpt import LitGPT
+from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RandomSelection
 

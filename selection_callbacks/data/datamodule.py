@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import os
 from pathlib import Path
 from typing import Any
 
@@ -11,16 +10,12 @@ import numpy as np
 import torch
 from torch.utils.data import DataLoader, Dataset
 
+from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.loader import SuperbatchLoader
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.subset import SubsetError, read_subset
 from selection_callbacks.data.token_bin import PretokenizedTokenizer, load_token_bin
 from selection_callbacks.data.tokenizer import ByteTokenizer
-
-
-def default_cache_dir() -> Path:
-    """``$SELECTION_CACHE`` or ``~/.cache/selection_callbacks``."""
-    return Path(os.environ.get("SELECTION_CACHE", Path.home() / ".cache" / "selection_callbacks"))
 
 
 def superbatch_size(batch_size: int, ratio: float) -> int:

@@ -9,8 +9,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
-import shutil
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -18,6 +16,7 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from selection_callbacks.core.io import atomic_path
 from selection_callbacks.data.readers import DataSourceError, iter_documents, source_files
 from selection_callbacks.data.tokenizer import ByteTokenizer
 
@@ -107,8 +106,13 @@ def pack_source(
 
 
 def _build(path, seq_len, tokenizer, doc_filter, folder: Path, name: str, progress: bool) -> None:
-    tmp = folder.with_name(folder.name + f".tmp{os.getpid()}")
-    tmp.mkdir(parents=True, exist_ok=True)
+    with atomic_path(folder, keep_existing=True) as tmp:  # another process may finish the same cache first
+        tmp.mkdir(parents=True, exist_ok=True)
+        _write_split(path, seq_len, tokenizer, doc_filter, tmp, name, progress)
+
+
+def _write_split(path, seq_len, tokenizer, doc_filter, tmp: Path, name: str, progress: bool) -> None:
+    """Tokenize ``path`` into the folder ``tmp``: tokens.bin, doc starts, ids, per-sample domains, meta.json."""
     wanted = set(doc_filter) if doc_filter is not None else None
     doc_ids: list[str] = []
     doc_start: list[int] = []
@@ -146,10 +150,6 @@ def _build(path, seq_len, tokenizer, doc_filter, folder: Path, name: str, progre
     np.save(tmp / "doc_ids.npy", np.asarray(doc_ids, dtype=str))
     np.save(tmp / "sample_domain.npy", sample_domain)
     (tmp / "meta.json").write_text(json.dumps({"domains": list(domains), "tokens": offset, "docs": len(doc_ids)}))
-    try:
-        tmp.replace(folder)
-    except OSError:  # another process finished the same cache first
-        shutil.rmtree(tmp, ignore_errors=True)
 
 
 def _majority_domain(starts: np.ndarray, doc_domain: np.ndarray, total: int, T: int) -> np.ndarray:

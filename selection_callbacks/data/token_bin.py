@@ -15,12 +15,12 @@ Without it validation reports loss only.
 from __future__ import annotations
 
 import hashlib
-import os
 from pathlib import Path
 
 import numpy as np
 import torch
 
+from selection_callbacks.core.io import atomic_path
 from selection_callbacks.data.packing import PackedSplit
 from selection_callbacks.data.readers import DataSourceError
 
@@ -60,9 +60,8 @@ def load_token_bin(path: str | Path, seq_len: int, cache_dir: str | Path, eot_id
         ends = np.flatnonzero(tokens == eot_id)
         starts = np.concatenate([[0], ends[ends < tokens.shape[0] - 1] + 1]).astype(np.int64)
         starts_file.parent.mkdir(parents=True, exist_ok=True)
-        tmp = starts_file.with_name(f"{starts_file.name}.{os.getpid()}.tmp.npy")
-        np.save(tmp, starts)
-        os.replace(tmp, starts_file)  # atomic: ranks building the same cache never read a partial file
+        with atomic_path(starts_file, ".npy") as tmp:  # ranks building the same cache never read a partial file
+            np.save(tmp, starts)
     n = (tokens.shape[0] - 1) // seq_len
     return PackedSplit(
         tokens=tokens,

@@ -9,8 +9,8 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from selection_callbacks.core.callback import SelectionRecord
-from selection_callbacks.scoring.proxy_callback import ProxySelection
+from selection_callbacks.callbacks.base import SelectionRecord
+from selection_callbacks.callbacks.proxy import ProxySelection
 
 
 class ClassActSelection(ProxySelection):

@@ -5,9 +5,9 @@ from __future__ import annotations
 import lightning as L
 from typing_extensions import override
 
-from selection_callbacks.core.callback import Scores
+from selection_callbacks.callbacks.base import Scores
 from selection_callbacks.scoring.ghost import Resolver
-from selection_callbacks.scoring.ghost_callback import GhostSelection
+from selection_callbacks.callbacks.ghost import GhostSelection
 from selection_callbacks.scoring.preconditioners import SGDStepPreconditioner
 
 

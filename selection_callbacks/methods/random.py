@@ -7,7 +7,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from selection_callbacks.core.callback import SelectionCallback
+from selection_callbacks.callbacks.base import SelectionCallback
 
 
 class RandomSelection(SelectionCallback):

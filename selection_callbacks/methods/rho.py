@@ -38,7 +38,7 @@ import torch
 from typing_extensions import override
 
 from selection_callbacks.offline.reference_losses import ReferenceLossTable
-from selection_callbacks.scoring.proxy_callback import ProxySelection
+from selection_callbacks.callbacks.proxy import ProxySelection
 
 
 class RhoLossSelection(ProxySelection):

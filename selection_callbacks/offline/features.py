@@ -28,7 +28,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import os
 import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
@@ -36,7 +35,8 @@ from pathlib import Path
 import numpy as np
 from tqdm.auto import tqdm
 
-from selection_callbacks.data.datamodule import default_cache_dir
+from selection_callbacks.core.io import atomic_path
+from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.readers import source_files
 from selection_callbacks.offline.corpus import Corpus
 from selection_callbacks.offline.dsir import DSIRConfig, log_importance
@@ -105,9 +105,8 @@ class FeatureBank:
 
     def save(self, path: Path) -> None:
         path.parent.mkdir(parents=True, exist_ok=True)
-        tmp = path.with_name(path.name + f".tmp{os.getpid()}.npz")
-        np.savez(tmp, ids=self.ids, domains=self.domains, meta=json.dumps(self.meta), **self.columns)
-        tmp.replace(path)
+        with atomic_path(path, ".npz") as tmp:
+            np.savez(tmp, ids=self.ids, domains=self.domains, meta=json.dumps(self.meta), **self.columns)
 
     @classmethod
     def load(cls, path: Path) -> FeatureBank:

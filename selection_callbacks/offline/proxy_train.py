@@ -25,8 +25,8 @@ import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from models.gpt import GPT, GPTConfig
-from models.optim import warmup_cosine
+from selection_callbacks.nn.gpt import GPT, GPTConfig
+from selection_callbacks.nn.optim import warmup_cosine
 from selection_callbacks.data.tokenizer import ByteTokenizer
 
 BOS = ByteTokenizer.bos_id

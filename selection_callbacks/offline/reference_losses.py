@@ -20,11 +20,12 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from selection_callbacks.data.datamodule import default_cache_dir
+from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.token_bin import load_token_bin
 from selection_callbacks.scoring.losses import per_sample_loss
-from selection_callbacks.scoring.proxy import check_reference_fits, load_reference
+from selection_callbacks.learner.reference import load_reference
+from selection_callbacks.scoring.proxy_models import check_reference_fits
 
 FINGERPRINT_TOKENS = 1 << 20
 

@@ -31,7 +31,7 @@ import numpy as np
 from jsonargparse import ArgumentParser
 
 from selection_callbacks.data.subset import write_subset
-from selection_callbacks.offline.autodata import AutoDataConfig, select_autodata
+from selection_callbacks.offline.autodata.search import AutoDataConfig, select_autodata
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
 from selection_callbacks.offline.datamask import DatamaskConfig, select_datamask
 from selection_callbacks.offline.dsir import DSIRConfig, select_dsir

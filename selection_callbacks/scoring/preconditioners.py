@@ -20,7 +20,7 @@ from typing import Protocol
 import torch
 from torch.optim._muon import _adjust_lr
 
-from models.optim import MuonWithAdamW
+from selection_callbacks.nn.optim import MuonWithAdamW
 
 Scale = float | torch.Tensor  # a Python number shared by the L layers, or a [L] tensor
 
@@ -260,7 +260,7 @@ def _sgd_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.
 
 
 _MAPS: dict[type, Callable] = {torch.optim.SGD: _sgd_map, torch.optim.AdamW: _adamw_map, torch.optim.Muon: _muon_map}
-SUPPORTED = "torch.optim.SGD, torch.optim.AdamW, torch.optim.Muon, models.optim.MuonWithAdamW"
+SUPPORTED = "torch.optim.SGD, torch.optim.AdamW, torch.optim.Muon, selection_callbacks.nn.optim.MuonWithAdamW"
 
 
 class Resolver(Protocol):

@@ -1,0 +1,172 @@
+"""``GhostSelection``: the shared plumbing of the ghost-gradient methods (OPUS, GREATS).
+
+Per micro-batch: cut a seeded ``score_len`` window from each candidate, draw a fresh proxy batch
+(windows of the target split, or of a user proxy file), run one ghost forward/backward over
+[candidate windows ++ proxy windows] on the unwrapped module, and hand the utilities and
+sketches (as ``features``) to the method's :meth:`calibrate`, which runs on the gathered
+global superbatch under DDP.
+"""
+
+from __future__ import annotations
+
+import fnmatch
+from abc import abstractmethod
+from collections.abc import MutableMapping
+
+import lightning as L
+import numpy as np
+import torch
+from typing_extensions import override
+
+from selection_callbacks.callbacks.base import Scores, SelectionCallback
+from selection_callbacks.core.rng import derived_seed, micro_batch_generator
+from selection_callbacks.data.cache import default_cache_dir
+from selection_callbacks.data.packing import PackedSplit, pack_source
+from selection_callbacks.data.token_bin import load_token_bin
+from selection_callbacks.scoring.ghost import GhostEngine, GhostScores, Resolver, check_precision, scored_layers
+from selection_callbacks.scoring.losses import per_sample_loss
+from selection_callbacks.scoring.windows import score_windows
+
+
+def excluded_layers(
+    module: torch.nn.Module, include_embedding: bool, include_head: bool, patterns: list[str] | None
+) -> tuple[str, ...]:
+    """Names of the scorable layers that match none of ``patterns`` (nothing when patterns is None)."""
+    names = [name for name, _ in scored_layers(module, include_embedding, include_head)]
+    if patterns is None:
+        return ()
+    keep = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    if not keep:
+        raise ValueError(f"layers={patterns} match none of the scorable layers: {names}")
+    return tuple(n for n in names if n not in keep)
+
+
+class GhostSelection(SelectionCallback):
+    """Base of the ghost-gradient selection callbacks.
+
+    Args:
+        ratio: kept fraction ρ = K/N.
+        score_len: tokens scored per candidate (a seeded random window).
+        sketch_dim: m of the redundancy sketches (0: no interaction term).
+        proxy_batch_size: proxy sequences drawn per micro-batch.
+        proxy: a proxy file (jsonl/parquet/text); default: the datamodule's target split.
+        include_embedding: also score the token embedding.
+        include_head: also score the output head.
+        layers: glob patterns of module names to score (e.g. ``["blocks.3.*"]``); None = all of the
+            above. The scoring backward stops at the earliest scored layer, so scoring only late
+            layers is cheaper.
+        sketch: ``"tensor"``, ``"count"`` or ``"two_sided"`` (see :class:`GhostEngine`).
+        candidate_chunk: score candidates in passes of at most this many rows (the proxy rows ride
+            with the first): activation memory flat in N (None: one pass over all rows, fastest).
+        temperature: τ of the sequential draws (0: greedy).
+        seed: selection seed (windows, proxy draws, sampling).
+        k: keep exactly this many instead of ratio·N.
+        nonfinite: see :class:`SelectionCallback`.
+    """
+
+    def __init__(
+        self,
+        ratio: float = 0.5,
+        score_len: int = 64,
+        sketch_dim: int = 1024,
+        proxy_batch_size: int = 8,
+        proxy: str | None = None,
+        include_embedding: bool = False,
+        include_head: bool = False,
+        layers: list[str] | None = None,
+        sketch: str = "tensor",
+        candidate_chunk: int | None = None,
+        temperature: float = 1.0,
+        seed: int = 0,
+        k: int | None = None,
+        nonfinite: str = "error",
+    ) -> None:
+        super().__init__(ratio=ratio, k=k, sampling="boltzmann", temperature=temperature, seed=seed, nonfinite=nonfinite)
+        if proxy_batch_size < 1:
+            raise ValueError(f"proxy_batch_size must be ≥ 1, got {proxy_batch_size}")
+        self.score_len, self.sketch_dim, self.proxy_batch_size = score_len, sketch_dim, proxy_batch_size
+        self.proxy_path, self.sketch, self.candidate_chunk = proxy, sketch, candidate_chunk
+        self.include_embedding, self.include_head = include_embedding, include_head
+        if layers is not None and not layers:
+            raise ValueError("layers must name at least one pattern (None scores every layer)")
+        self.layers = list(layers) if layers is not None else None
+        self.engine: GhostEngine | None = None
+        self._proxy_split: PackedSplit | None = None
+        self._last: GhostScores | None = None
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        check_precision(trainer)
+        module = getattr(pl_module, "model", None)
+        module = module if isinstance(module, torch.nn.Module) else pl_module
+        exclude = excluded_layers(module, self.include_embedding, self.include_head, self.layers)
+        self.engine = GhostEngine(
+            module, self.include_embedding, self.include_head, self.sketch_dim, self.sketch,  # type: ignore[arg-type]
+            exclude=exclude, candidate_chunk=self.candidate_chunk,
+        )
+        if self.proxy_path is not None:
+            self._proxy_split = self._load_proxy(getattr(trainer, "datamodule", None))
+
+    def _load_proxy(self, dm: object) -> PackedSplit:
+        """The proxy file packed in score_len windows with the training data's own tokenizer."""
+        cache = str(getattr(dm, "cache_dir", None) or default_cache_dir())
+        if getattr(dm, "pretokenized", False):
+            if not str(self.proxy_path).endswith(".bin"):
+                raise ValueError("the training data is pre-tokenized (.bin): the proxy file must be a .bin of the same ids")
+            return load_token_bin(self.proxy_path, self.score_len, cache, dm.eot_id, name="proxy")
+        tokenizer = getattr(dm, "tokenizer", None)
+        return pack_source(self.proxy_path, self.score_len, cache, tokenizer, name="proxy", progress=False)
+
+    def _proxy_rows(self, trainer: L.Trainer, batch_idx: int, device: torch.device) -> dict[str, torch.Tensor]:
+        rng = np.random.default_rng(derived_seed(self.seed, trainer.current_epoch, batch_idx, "proxy"))
+        if self._proxy_split is not None:
+            split = self._proxy_split
+            rows = split.batch(rng.choice(len(split), min(self.proxy_batch_size, len(split)), replace=False))
+        else:
+            dm = getattr(trainer, "datamodule", None)
+            if not hasattr(dm, "target_batch"):
+                raise ValueError(
+                    f"{type(self).__name__} needs proxy sequences: pass proxy=FILE or use a datamodule with "
+                    "target_batch(n, rng) (PoolDataModule reads --data.target)"
+                )
+            rows = dm.target_batch(self.proxy_batch_size, rng)
+        gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "proxy-window")
+        return {k: v.to(device) for k, v in score_windows(rows, self.score_len, gen).items()}
+
+    @abstractmethod
+    def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
+        """The per-parameter map P of this step (K: sequences kept per micro-batch)."""
+
+    @override
+    def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> Scores:
+        n, k = batch["input_ids"].shape[0], self.keep(batch["input_ids"].shape[0])
+        gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
+        cand = score_windows(batch, self.score_len, gen, trainer.global_rank, trainer.world_size)
+        proxy = self._proxy_rows(trainer, batch_idx, cand["input_ids"].device)
+        if ("labels" in cand) != ("labels" in proxy):
+            raise ValueError("candidate and proxy batches must both carry 'labels' or both not")
+        if proxy["input_ids"].shape[1] != cand["input_ids"].shape[1]:
+            raise ValueError(
+                f"proxy windows have {proxy['input_ids'].shape[1]} tokens, candidates {cand['input_ids'].shape[1]}; "
+                f"proxy sequences must be at least score_len={self.score_len} long"
+            )
+        if "loss_mask" in cand or "loss_mask" in proxy:  # masked tokens stay out of the scores
+            for part in (cand, proxy):
+                part.setdefault("loss_mask", torch.ones_like(part["input_ids"], dtype=torch.float32))
+        rows = {key: torch.cat([cand[key], proxy[key].to(cand[key].dtype)]) for key in cand}
+        if self.engine is None:
+            raise RuntimeError(f"{type(self).__name__}.setup() has not run: add the callback to the Trainer")
+        resolver = self.preconditioner(trainer, k)
+        self._last = self.engine.score(lambda b: per_sample_loss(pl_module, b), rows, n, resolver, self.seed)
+        sketches = self._last.sketches
+        return Scores(self._last.utilities.float(), features=None if sketches is None else sketches.float())
+
+    @override
+    def extra_metrics(self) -> dict[str, float]:
+        if self._last is None:
+            return {}
+        out = {"select/utility_raw_std": float(self._last.utilities.std()) if self._last.utilities.numel() > 1 else 0.0,
+               "select/proxy_loss": float(self._last.losses[self._last.utilities.shape[0]:].mean())}
+        if self._last.factor_error:
+            out["select/factor_error"] = float(torch.stack(list(self._last.factor_error.values())).mean())
+        return out

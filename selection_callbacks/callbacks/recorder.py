@@ -1,0 +1,111 @@
+"""``RunRecorder``: validation curve against update tokens and training wall-clock, to metrics.json."""
+
+from __future__ import annotations
+
+import time
+from pathlib import Path
+from typing import Any
+
+import lightning as L
+from typing_extensions import override
+
+from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.core.io import write_json_atomic
+
+
+class RunRecorder(L.Callback):
+    """Records ``[update_tokens, wall_seconds, val_bpb]`` at every validation and writes ``metrics.json``.
+
+    (``val_loss`` takes bpb's place when the data's token byte lengths are unknown: ``curve_metric``.)
+
+    With a :class:`SelectionCallback` present it also records the cumulative domain counts of
+    the kept candidates at each validation (``domain_history``).
+
+    Update tokens count the label tokens the optimizer trained on (after selection), summed
+    over ranks; wall-clock is training time with validation excluded. The file is rewritten
+    after each validation (rank zero), so an interrupted run keeps its curve.
+
+    Example::
+
+        trainer = L.Trainer(callbacks=[RandomSelection(0.5), RunRecorder("runs/demo")])
+
+    Args:
+        out_dir: folder for ``metrics.json`` (default: the trainer's ``default_root_dir``).
+    """
+
+    def __init__(self, out_dir: str | None = None) -> None:
+        self.out_dir = out_dir
+        self.update_tokens = 0
+        self.curve: list[list[float]] = []
+        self.domain_history: list[list[Any]] = []
+        self.summary: dict[str, Any] = {}
+        self._train_seconds = 0.0
+        self._resumed_at: float | None = None
+
+    def wall_seconds(self) -> float:
+        """Training seconds so far, validation excluded."""
+        running = time.perf_counter() - self._resumed_at if self._resumed_at is not None else 0.0
+        return self._train_seconds + running
+
+    @override
+    def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._resumed_at = time.perf_counter()
+
+    @override
+    def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
+        labels = batch.get("labels", batch.get("input_ids")) if isinstance(batch, dict) else None
+        if labels is not None:
+            self.update_tokens += int(labels.numel()) * trainer.world_size
+
+    @override
+    def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self._train_seconds = self.wall_seconds()
+        self._resumed_at = None
+
+    @override
+    def on_validation_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        if trainer.state.fn == "fit":
+            self._resumed_at = time.perf_counter()
+        if trainer.sanity_checking:
+            return
+        metrics = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("val/")}
+        metric = "val/bpb" if "val/bpb" in metrics else "val/loss"  # loss when bytes are unknown (.bin data)
+        if metric in metrics and (not self.curve or self.curve[-1][0] != self.update_tokens):
+            self.curve.append([self.update_tokens, round(self._train_seconds, 3), metrics[metric]])
+        selector = next((c for c in trainer.callbacks if isinstance(c, SelectionCallback)), None)
+        if selector is not None and (not self.domain_history or self.domain_history[-1][0] != self.update_tokens):
+            self.domain_history.append([self.update_tokens, dict(selector.domain_counts)])
+        self.summary = {
+            "val_bpb": metrics.get("val/bpb"),
+            "val_loss": metrics.get("val/loss"),
+            "global_step": trainer.global_step,
+            "update_tokens": self.update_tokens,
+            "wall_seconds": round(self._train_seconds, 3),
+            "curve": self.curve,
+            "curve_metric": metric.replace("/", "_"),
+            "domain_history": self.domain_history,
+            "selection": selector.summary() if selector is not None else None,
+        }
+        if trainer.is_global_zero:
+            self.write(Path(self.out_dir or trainer.default_root_dir) / "metrics.json")
+
+    def write(self, path: Path) -> None:
+        """Atomically write the summary as JSON."""
+        path.parent.mkdir(parents=True, exist_ok=True)
+        write_json_atomic(path, self.summary)
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "update_tokens": self.update_tokens,
+            "curve": self.curve,
+            "domain_history": self.domain_history,
+            "train_seconds": self.wall_seconds(),
+        }
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        self.update_tokens = int(state_dict["update_tokens"])
+        self.curve = [list(p) for p in state_dict["curve"]]
+        self.domain_history = [list(p) for p in state_dict["domain_history"]]
+        self._train_seconds = float(state_dict["train_seconds"])

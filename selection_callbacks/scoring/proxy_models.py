@@ -1,0 +1,217 @@
+"""Small proxy language models next to the learner: build, train one step, count the cost, checkpoint.
+
+A proxy is any ``nn.Module`` with the per-sample loss protocol (``per_sample_loss(batch) -> [N]``);
+:class:`ProxyLM` is the default, a :class:`selection_callbacks.nn.gpt.GPT` of its own shape. :class:`Proxy` pairs a
+module with its AdamW optimizer and step counter (or none: a frozen reference), and every forward
+or backward it runs is counted in a :class:`CostMeter`.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import MutableMapping
+from pathlib import Path
+from typing import Any
+
+import numpy as np
+import torch
+import torch.nn as nn
+
+from selection_callbacks.nn.gpt import GPT, GPTConfig
+from selection_callbacks.core.rng import derived_seed
+from selection_callbacks.scoring.losses import per_sample_loss, sequence_means, token_losses
+
+
+class ProxyLM(nn.Module):
+    """A GPT with the per-sample loss protocol: ``per_sample_loss(batch)`` → [N] mean token loss (``loss_mask``)."""
+
+    def __init__(self, config: GPTConfig) -> None:
+        super().__init__()
+        self.config = config
+        self.model = GPT(config)
+
+    def per_sample_loss(self, batch: MutableMapping) -> torch.Tensor:
+        nll, mask, _ = token_losses(self.model(batch["input_ids"]), batch)
+        return sequence_means(nll, mask)
+
+
+def seeded_proxy(config: GPTConfig, seed: int, purpose: str) -> ProxyLM:
+    """A :class:`ProxyLM` whose initial weights depend only on (seed, purpose), not on the global RNG."""
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(derived_seed(seed, 0, 0, purpose))
+        return ProxyLM(config)
+
+
+def check_reference_fits(module: nn.Module, vocab_size: int | None, seq_len: int | None, what: str) -> None:
+    """A clear error when a GPT reference's vocabulary or context is smaller than the data's."""
+    config = getattr(module, "config", None)
+    if not isinstance(config, GPTConfig):
+        return
+    if vocab_size is not None and config.vocab_size < vocab_size:
+        raise ValueError(f"{what} has vocab_size={config.vocab_size}, the data has {vocab_size} token ids")
+    if seq_len is not None and config.block_size < seq_len:
+        raise ValueError(f"{what} has block_size={config.block_size}, shorter than data.seq_len={seq_len}")
+
+
+class CostMeter:
+    """Forward/backward passes and tokens per model (``learner``, ``online``, ``reference``).
+
+    A pass is one call on one batch; its tokens are ``input_ids.numel()``. Counts are this
+    process's work: this micro-batch (reset by :meth:`new_step`) and cumulative.
+    """
+
+    KINDS = ("fwd", "bwd")
+
+    def __init__(self) -> None:
+        self.step: dict[str, list[int]] = {}
+        self.total: dict[str, list[int]] = {}
+
+    def add(self, model: str, kind: str, tokens: int) -> None:
+        """Count one ``kind`` pass ("fwd"/"bwd") of ``model`` over ``tokens`` tokens."""
+        for table in (self.step, self.total):
+            entry = table.setdefault(f"{model}_{kind}", [0, 0])
+            entry[0] += 1
+            entry[1] += tokens
+
+    def new_step(self) -> None:
+        self.step = {}
+
+    def metrics(self, kept_tokens: int) -> dict[str, float]:
+        """``select/cost/<model>_<kind>[_tokens][_total]`` and, per kind, extra tokens over the kept tokens.
+
+        ``select/cost/fwd_per_update`` = Σ forward tokens this micro-batch / K·T: the report's
+        "3 fwd + 1 bwd" unit (passes over a batch the size of what the learner trains on).
+        """
+        out: dict[str, float] = {}
+        for key, (passes, tokens) in self.total.items():
+            out[f"select/cost/{key}_total"] = float(passes)
+            out[f"select/cost/{key}_tokens_total"] = float(tokens)
+            step_passes, step_tokens = self.step.get(key, (0, 0))
+            out[f"select/cost/{key}"] = float(step_passes)
+            out[f"select/cost/{key}_tokens"] = float(step_tokens)
+        for kind in self.KINDS:
+            tokens = sum(t for key, (_, t) in self.step.items() if key.endswith(kind))
+            out[f"select/cost/{kind}_per_update"] = tokens / kept_tokens if kept_tokens else 0.0
+        return out
+
+    def state_dict(self) -> dict[str, Any]:
+        return {key: list(value) for key, value in self.total.items()}
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        self.total = {key: [int(v) for v in value] for key, value in state.items()}
+
+
+class Proxy:
+    """A proxy module with its optimizer (AdamW at a constant ``lr``) and step counter; ``lr=None``: frozen.
+
+    Args:
+        name: the model's name in the cost metrics and errors.
+        module: any ``nn.Module`` with ``per_sample_loss(batch) -> [N]``, on the learner's device.
+        meter: where passes and tokens are counted.
+        lr: AdamW learning rate (betas 0.9/0.95, no weight decay); None for a frozen model.
+        grad_scaling: scale the loss for fp16 autocast (the learner's ``16-mixed``).
+        persist: whether :meth:`state_dict` carries the weights (False for a model re-read from a file).
+    """
+
+    def __init__(
+        self, name: str, module: nn.Module, meter: CostMeter, lr: float | None = None, grad_scaling: bool = False,
+        persist: bool = True,
+    ) -> None:
+        self.name, self.module, self.meter, self.lr, self.persist = name, module, meter, lr, persist
+        device = next(module.parameters()).device
+        self.optimizer = None if lr is None else torch.optim.AdamW(
+            module.parameters(), lr=lr, betas=(0.9, 0.95), weight_decay=0.0
+        )
+        self.scaler = torch.amp.GradScaler(device.type, enabled=grad_scaling and lr is not None)
+        self.steps = 0
+        if lr is None:
+            module.requires_grad_(False)
+
+    @property
+    def frozen(self) -> bool:
+        return self.optimizer is None
+
+    def freeze(self) -> None:
+        """Drop the optimizer: from now on the module only scores."""
+        self.optimizer, self.lr = None, None
+        self.module.requires_grad_(False)
+
+    def losses(self, batch: MutableMapping) -> torch.Tensor:
+        """[N] per-sample losses under the current weights (eval mode, no grad); all non-finite is an error."""
+        self.module.eval()
+        with torch.no_grad():
+            out = per_sample_loss(self.module, batch)
+        self.meter.add(self.name, "fwd", batch["input_ids"].numel())
+        if not torch.isfinite(out).any():
+            raise FloatingPointError(
+                f"the {self.name} proxy's loss is non-finite on every candidate after {self.steps} step(s): "
+                f"its weights diverged (lr={self.lr}); lower the proxy learning rate"
+            )
+        return out
+
+    def train_step(self, batch: MutableMapping) -> float:
+        """One optimizer step on the mean per-sample loss of ``batch``; returns that loss (before the step)."""
+        if self.optimizer is None:
+            raise RuntimeError(f"the {self.name} proxy is frozen")
+        self.module.train()
+        with torch.enable_grad():
+            loss = per_sample_loss(self.module, batch).mean()
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"the {self.name} proxy's training loss is {float(loss)} at its step {self.steps}: "
+                    f"its weights diverged (lr={self.lr}); lower the proxy learning rate"
+                )
+            self.optimizer.zero_grad(set_to_none=True)
+            self.scaler.scale(loss).backward()
+        self.scaler.step(self.optimizer)
+        self.scaler.update()
+        self.steps += 1
+        tokens = batch["input_ids"].numel()
+        self.meter.add(self.name, "fwd", tokens)
+        self.meter.add(self.name, "bwd", tokens)
+        return float(loss.detach())
+
+    def state_dict(self) -> dict[str, Any]:
+        return {
+            "module": self.module.state_dict() if self.persist else None,
+            "optimizer": None if self.optimizer is None else self.optimizer.state_dict(),
+            "scaler": self.scaler.state_dict(),
+            "steps": self.steps,
+        }
+
+    def load_state_dict(self, state: dict[str, Any]) -> None:
+        if state["module"] is not None:
+            self.module.load_state_dict(state["module"])
+        if state["optimizer"] is None:
+            self.freeze()
+        elif self.optimizer is None:
+            raise ValueError(f"the checkpoint holds optimizer state for the {self.name} proxy, which is frozen here")
+        else:
+            self.optimizer.load_state_dict(state["optimizer"])
+        if state["scaler"]:
+            self.scaler.load_state_dict(state["scaler"])
+        self.steps = int(state["steps"])
+
+
+def padded_vocab(vocab_size: int) -> int:
+    """The vocabulary rounded up to a multiple of 64 (embedding rows)."""
+    return 64 * math.ceil(vocab_size / 64)
+
+
+def pretrain_on_target(proxy: Proxy, datamodule: object, steps: int, batch_size: int, seed: int) -> None:
+    """Train ``proxy`` until it has taken ``steps`` steps on fresh target batches, then freeze it.
+
+    Batch ``s`` is ``datamodule.target_batch(batch_size, rng)`` with ``rng`` derived from
+    (seed, s): the same reference on every rank and every rerun. Reads the target split only.
+    """
+    if not hasattr(datamodule, "target_batch"):
+        raise ValueError(
+            f"pretraining the {proxy.name} needs a datamodule with target_batch(n, rng) (PoolDataModule reads "
+            "--data.target); or pass a reference checkpoint"
+        )
+    device = next(proxy.module.parameters()).device
+    while proxy.steps < steps:
+        rng = np.random.default_rng(derived_seed(seed, 0, proxy.steps, "reference-pretrain"))
+        rows = datamodule.target_batch(batch_size, rng)
+        proxy.train_step({k: v.to(device) for k, v in rows.items()})
+    proxy.freeze()
