@@ -21,7 +21,7 @@ import torch
 import train
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.learner.lit_gpt import LitGPT
-from selection_callbacks.callbacks.base import SelectionRecord
+from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.data.packing import pack_source
 from tests.conftest import WORDS, write_jsonl
 

@@ -20,7 +20,7 @@ import pytest
 import torch
 
 import train
-from selection_callbacks.callbacks.base import SelectionRecord
+from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.callbacks.ledger_writer import SelectionLedger
 from selection_callbacks.core.ledger_store import LedgerError, read_ledger, truncate_ledger
 from selection_callbacks.data.datamodule import PoolDataModule

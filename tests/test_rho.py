@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from selection_callbacks.learner.lit_gpt import LitGPT
-from selection_callbacks.callbacks.base import SelectionRecord
+from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RhoLossSelection
 from selection_callbacks.offline import reference_losses

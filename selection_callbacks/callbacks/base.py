@@ -2,10 +2,8 @@
 
 from __future__ import annotations
 
-import math
-from abc import ABC, abstractmethod
 import time
-from dataclasses import dataclass
+from abc import ABC, abstractmethod
 from collections.abc import MutableMapping
 from typing import Any, Literal
 
@@ -15,65 +13,20 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from selection_callbacks.core.contract import SuperbatchError, per_sample_keys, subset_in_place, superbatch_size
+from selection_callbacks.core.domains import domain_names
 from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.core.sampling import effective_sample_size, make_rule
+from selection_callbacks.core.selection import (
+    Choice,
+    Scores,
+    SelectionRecord,
+    checked_interactions,
+    finite_scores,
+    keep_count,
+    select,
+)
 
-
-@dataclass
-class Scores:
-    """What ``score`` may return instead of a plain [N] tensor: scores plus what joint selection needs.
-
-    Attributes:
-        values: [N] scores (higher is more wanted).
-        interactions: [N, N] penalty I_ij subtracted from j's score once i is chosen (rules
-            that draw sequentially use it; the others ignore it). Single-process only: under
-            DDP a method returns ``features`` and builds the global interactions in ``calibrate``.
-        features: [N, m] per-candidate vectors (e.g. gradient sketches) that are all-gathered
-            with the scores and turned into interactions by the method's ``calibrate``.
-    """
-
-    values: torch.Tensor
-    interactions: torch.Tensor | None = None
-    features: torch.Tensor | None = None
-
-
-@dataclass
-class SelectionRecord:
-    """One micro-batch's selection over the global superbatch of G = W·N candidates.
-
-    Rank r's own candidates are rows [r·N, (r+1)·N); every rank holds the same record.
-
-    Attributes:
-        step: ``trainer.global_step`` when the micro-batch was selected.
-        micro_batch: the batch index within the epoch.
-        epoch: the epoch.
-        world_size: W.
-        rank_of: [G] the rank that drew each candidate.
-        scores: [G] float CPU scores the rule saw (after ``calibrate``).
-        selected: [W·K] indices into G in the rule's order; rank r trains on slice r.
-        sample_id: [G] CPU candidate ids, if the batch carries them.
-        domain: [G] CPU domain codes, if the batch carries them.
-        batch: the global candidate rows (every per-sample tensor, on the training device),
-            for methods that train proxies on the same data on every rank.
-    """
-
-    step: int
-    micro_batch: int
-    epoch: int
-    world_size: int
-    rank_of: torch.Tensor
-    scores: torch.Tensor
-    selected: torch.Tensor
-    sample_id: torch.Tensor | None
-    domain: torch.Tensor | None
-    batch: dict[str, torch.Tensor]
-
-    @property
-    def selected_mask(self) -> torch.Tensor:
-        """[G] bool: chosen by any rank."""
-        mask = torch.zeros(self.scores.shape[0], dtype=torch.bool)
-        mask[self.selected] = True
-        return mask
+__all__ = ["Scores", "SelectionCallback", "SelectionRecord"]
 
 
 class SelectionCallback(L.Callback, ABC):
@@ -157,38 +110,38 @@ class SelectionCallback(L.Callback, ABC):
     # ---- the contract ----
     def keep(self, n: int) -> int:
         """K for a superbatch of N."""
-        if self.k is not None:
-            if n < self.k:
-                raise SuperbatchError(f"superbatch has N={n} candidates, fewer than k={self.k}; raise N or lower k")
-            return self.k
-        return max(1, math.floor(self.ratio * n + 0.5))
-
-    def _checked_scores(self, scores: torch.Tensor, n: int, batch: MutableMapping) -> tuple[torch.Tensor, int]:
-        """Scores as float CPU [N] and the number of non-finite ones (error or ranked lowest)."""
-        if not isinstance(scores, torch.Tensor) or scores.shape != (n,):
-            raise ValueError(f"{type(self).__name__}.score returned {getattr(scores, 'shape', type(scores))}, expected [{n}]")
-        scores = scores.detach().float().cpu()
-        bad = ~torch.isfinite(scores)
-        if bad.any():
-            ids = batch.get("sample_id")
-            where = ids[bad.to(ids.device)].tolist()[:8] if isinstance(ids, torch.Tensor) else bad.nonzero().flatten().tolist()[:8]
-            if self.nonfinite == "error":
-                raise FloatingPointError(
-                    f"{type(self).__name__} produced {int(bad.sum())} non-finite score(s) (NaN/inf), e.g. samples {where}; "
-                    "check the model's losses or set nonfinite='lowest' to rank them last"
-                )
-            rank_zero_warn(f"{int(bad.sum())} non-finite selection score(s) ranked lowest (samples {where})")
-            finite = scores[~bad]
-            floor = (finite.min() - 1.0) if finite.numel() else torch.tensor(0.0)
-            scores = torch.where(bad, floor, scores)
-        return scores, int(bad.sum())
+        return keep_count(n, self.ratio, self.k)
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         start = time.perf_counter()
         n = superbatch_size(batch)
-        k = self.keep(n)
-        world, rank = trainer.world_size, trainer.global_rank
+        k, world, rank = self.keep(n), trainer.world_size, trainer.global_rank
+        raw, rows = self._scored_rows(trainer, pl_module, batch, batch_idx, n)
+        scores = self.calibrate(raw, world * k)
+        values, nonfinite = self._checked_scores(scores.values, world * n, rows)
+        interactions = checked_interactions(scores.interactions, world * n, type(self).__name__)
+        generator = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx)
+        choice = select(self.rule, values, world * k, generator, interactions)
+        domain_share = self._domain_share(trainer, rows, choice.index)
+        own = choice.index[rank * k : (rank + 1) * k]
+        if world == 1:
+            subset_in_place(batch, own)
+        else:  # this rank's K-slice of the gathered rows, replaced inside the dict
+            batch.update({key: value[own.to(value.device)] for key, value in rows.items()})
+        self.last_selected, self.last_scores = own, values  # positions in the global superbatch (= local when W = 1)
+        self.last_record = _record(trainer, batch_idx, n, values, choice.index, rows)
+        self.after_selection(trainer, pl_module, self.last_record)
+        overhead = time.perf_counter() - start
+        self._count(world * n, world * k, overhead)
+        metrics = self._metrics(overhead, k / n, values, choice, domain_share, nonfinite)
+        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=k)
+
+    def _scored_rows(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int, n: int
+    ) -> tuple[Scores, dict[str, Any]]:
+        """The raw scores and the per-sample rows, gathered over the W ranks under DDP ([W·N] each)."""
+        world = trainer.world_size
         with torch.no_grad(), trainer.precision_plugin.train_step_context():
             raw = self.score(trainer, pl_module, batch, batch_idx)
         raw = raw if isinstance(raw, Scores) else Scores(raw)
@@ -197,59 +150,41 @@ class SelectionCallback(L.Callback, ABC):
         if world > 1:  # every rank gathers the W·N candidates and runs the same global selection
             raw = Scores(_gather(trainer, raw.values), None, _gather(trainer, raw.features))
             rows = {key: _gather(trainer, value) for key, value in rows.items()}
-        scores = self.calibrate(raw, world * k)
-        values, nonfinite = self._checked_scores(scores.values, world * n, rows)
-        interactions = scores.interactions
-        if interactions is not None:
-            interactions = interactions.detach().float().cpu()
-            if interactions.shape != (world * n, world * n) or not torch.isfinite(interactions).all():
-                raise FloatingPointError(f"{type(self).__name__}: interactions must be finite [G, G] = [{world * n}, {world * n}]")
-        generator = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx)
-        state = generator.get_state()
-        index = self.rule.select(values, world * k, generator, interactions)
-        extra = {}
-        if interactions is not None:  # the same draws without the penalty: what the penalty changed
-            plain = self.rule.select(values, world * k, torch.Generator().set_state(state), None)
-            extra["select/redundancy_changed"] = 1.0 - len(set(index.tolist()) & set(plain.tolist())) / (world * k)
-        inclusion = self.rule.inclusion(values, world * k, generator, interactions)
-        domain_share = self._domain_share(trainer, rows, index)
-        own = index[rank * k : (rank + 1) * k]
-        if world == 1:
-            subset_in_place(batch, own)
-        else:  # this rank's K-slice of the gathered rows, replaced inside the dict
-            batch.update({key: value[own.to(value.device)] for key, value in rows.items()})
-        self.last_selected, self.last_scores = own, values  # positions in the global superbatch (= local when W = 1)
-        self.last_record = SelectionRecord(
-            step=trainer.global_step,
-            micro_batch=batch_idx,
-            epoch=trainer.current_epoch,
-            world_size=world,
-            rank_of=torch.arange(world).repeat_interleave(n),
-            scores=values,
-            selected=index,
-            sample_id=rows["sample_id"].cpu() if isinstance(rows.get("sample_id"), torch.Tensor) else None,
-            domain=rows["domain"].cpu() if isinstance(rows.get("domain"), torch.Tensor) else None,
-            batch={key: v for key, v in rows.items() if isinstance(v, torch.Tensor)},
-        )
-        self.after_selection(trainer, pl_module, self.last_record)
-        overhead = time.perf_counter() - start
+        return raw, rows
+
+    def _checked_scores(self, scores: torch.Tensor, n: int, batch: MutableMapping) -> tuple[torch.Tensor, int]:
+        """Scores as float CPU [N] and the number of non-finite ones (error or ranked lowest)."""
+        if not isinstance(scores, torch.Tensor) or scores.shape != (n,):
+            raise ValueError(f"{type(self).__name__}.score returned {getattr(scores, 'shape', type(scores))}, expected [{n}]")
+        scores, bad, where = finite_scores(scores, batch.get("sample_id"), self.nonfinite, type(self).__name__)
+        if bad:
+            rank_zero_warn(f"{bad} non-finite selection score(s) ranked lowest (samples {where})")
+        return scores, bad
+
+    def _count(self, candidates: int, kept: int, overhead: float) -> None:
         self.selections += 1
-        self.candidates_seen += world * n
-        self.kept += world * k
+        self.candidates_seen += candidates
+        self.kept += kept
         self.overhead_seconds += overhead
+
+    def _metrics(
+        self, overhead: float, kept_fraction: float, values: torch.Tensor, choice: Choice,
+        domain_share: dict[str, float], nonfinite: int,
+    ) -> dict[str, float]:
+        """The ``select/*`` scalars of one micro-batch."""
         metrics = {
             "select/overhead_ms": 1000.0 * overhead,
-            "select/kept_fraction": k / n,
+            "select/kept_fraction": kept_fraction,
             "select/score_mean": float(values.mean()),
             "select/score_std": float(values.std()) if values.numel() > 1 else 0.0,
-            "select/ess": effective_sample_size(inclusion),
+            "select/ess": effective_sample_size(choice.inclusion),
             **{f"select/domain/{name}": share for name, share in domain_share.items()},
-            **extra,
+            **choice.extras,
             **self.extra_metrics(),
         }
         if nonfinite:
             metrics["select/nonfinite"] = float(nonfinite)
-        pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=k)
+        return metrics
 
     def _check_shapes(self, raw: Scores, n: int, world: int) -> None:
         if not isinstance(raw.values, torch.Tensor) or raw.values.shape != (n,):
@@ -267,11 +202,10 @@ class SelectionCallback(L.Callback, ABC):
         if not isinstance(domain, torch.Tensor):
             return {}
         names = getattr(getattr(trainer, "datamodule", None), "domain_names", None)
-        codes = domain[index.to(domain.device)].tolist()
+        chosen = domain_names(domain[index.to(domain.device)].tolist(), names)
         shares: dict[str, float] = {}
-        for code in codes:
-            name = names[code] if names is not None and 0 <= code < len(names) else str(code)
-            shares[name] = shares.get(name, 0.0) + 1.0 / len(codes)
+        for name in chosen:
+            shares[name] = shares.get(name, 0.0) + 1.0 / len(chosen)
             self.domain_counts[name] = self.domain_counts.get(name, 0) + 1
         return shares
 
@@ -299,6 +233,26 @@ class SelectionCallback(L.Callback, ABC):
         for c in self._COUNTERS:
             setattr(self, c, type(getattr(self, c))(state_dict[c]))
         self.domain_counts = dict(state_dict["domain_counts"])
+
+
+def _record(
+    trainer: L.Trainer, batch_idx: int, n: int, values: torch.Tensor, index: torch.Tensor, rows: dict[str, Any]
+) -> SelectionRecord:
+    """The :class:`SelectionRecord` of one micro-batch over the W·N gathered ``rows``."""
+    world = trainer.world_size
+    sample_id, domain = rows.get("sample_id"), rows.get("domain")
+    return SelectionRecord(
+        step=trainer.global_step,
+        micro_batch=batch_idx,
+        epoch=trainer.current_epoch,
+        world_size=world,
+        rank_of=torch.arange(world).repeat_interleave(n),
+        scores=values,
+        selected=index,
+        sample_id=sample_id.cpu() if isinstance(sample_id, torch.Tensor) else None,
+        domain=domain.cpu() if isinstance(domain, torch.Tensor) else None,
+        batch={key: v for key, v in rows.items() if isinstance(v, torch.Tensor)},
+    )
 
 
 def _gather(trainer: L.Trainer, value: Any) -> Any:

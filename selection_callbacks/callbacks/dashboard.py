@@ -9,7 +9,9 @@ import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from typing_extensions import override
 
-from selection_callbacks.callbacks.base import SelectionCallback, SelectionRecord
+from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.core.selection import SelectionRecord
+from selection_callbacks.core.domains import domain_names
 
 
 class SelectionDashboard(L.Callback):
@@ -105,8 +107,7 @@ class SelectionDashboard(L.Callback):
             return
         names = getattr(getattr(trainer, "datamodule", None), "domain_names", None)
         chosen = record.selected_mask
-        for code, kept in zip(record.domain.tolist(), chosen.tolist()):
-            name = names[code] if names is not None and 0 <= code < len(names) else str(code)
+        for name, kept in zip(domain_names(record.domain.tolist(), names), chosen.tolist()):
             counts = self._domains.setdefault(name, [0, 0])
             counts[0] += 1
             counts[1] += int(kept)

@@ -18,7 +18,8 @@ import numpy as np
 import torch
 from typing_extensions import override
 
-from selection_callbacks.callbacks.base import Scores, SelectionCallback
+from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.core.selection import Scores
 from selection_callbacks.core.rng import derived_seed, micro_batch_generator
 from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.packing import PackedSplit, pack_source

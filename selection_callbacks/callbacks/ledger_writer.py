@@ -15,8 +15,10 @@ import pyarrow as pa
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
-from selection_callbacks.callbacks.base import SelectionCallback, SelectionRecord
+from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.core.ledger_store import SCHEMA, LedgerError, next_seq, truncate_ledger, write_table
+from selection_callbacks.core.domains import domain_names
 from selection_callbacks.core.io import write_json_atomic
 
 class SelectionLedger(L.Callback):
@@ -130,11 +132,7 @@ class SelectionLedger(L.Callback):
             "domain": None,
         }
         if record.domain is not None:
-            codes = record.domain[own].tolist()
-            names = self._domain_names
-            columns["domain"] = np.array(
-                [names[c] if names is not None and 0 <= c < len(names) else str(c) for c in codes], dtype=object
-            )
+            columns["domain"] = np.array(domain_names(record.domain[own].tolist(), self._domain_names), dtype=object)
         return columns
 
     def flush(self) -> Path | None:

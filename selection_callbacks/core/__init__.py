@@ -1,0 +1,10 @@
+"""The framework-free bottom layer (torch, numpy and pyarrow only; never Lightning).
+
+``contract`` (the superbatch dict: its size, per-sample keys, in-place subsetting), ``selection``
+(the pure selection: scores in, chosen rows out; ``Scores``, ``SelectionRecord``), ``sampling``
+(the rules: top-K, Gumbel-top-K, uniform, sequential Boltzmann), ``rng`` (per-micro-batch
+generators), ``domains`` (codes to names), ``io`` (atomic writes), ``ledger_store`` (the ledger's
+parquet shards).
+"""
+
+__all__ = ["contract", "domains", "io", "ledger_store", "rng", "sampling", "selection"]

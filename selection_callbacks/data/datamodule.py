@@ -18,7 +18,7 @@ from selection_callbacks.data.token_bin import PretokenizedTokenizer, load_token
 from selection_callbacks.data.tokenizer import ByteTokenizer
 
 
-def superbatch_size(batch_size: int, ratio: float) -> int:
+def candidates_per_rank(batch_size: int, ratio: float) -> int:
     """N such that keeping ``ratio·N`` gives exactly K = ``batch_size`` sequences."""
     if not 0.0 < ratio <= 1.0:
         raise ValueError(f"selection ratio must lie in (0, 1], got {ratio}; ratio = K/N is the kept fraction")
@@ -89,7 +89,7 @@ class PoolDataModule(L.LightningDataModule):
         eot_id: int = 50256,
     ) -> None:
         super().__init__()
-        self.superbatch_size = superbatch_size(batch_size, ratio)
+        self.superbatch_size = candidates_per_rank(batch_size, ratio)
         if seq_len < 1:
             raise ValueError(f"seq_len must be ≥ 1, got {seq_len}")
         self.paths = {"pool": pool, "target": target, "val": val}

@@ -17,7 +17,7 @@ def load_reference(path: str | Path) -> nn.Module:
     if not Path(path).is_file():
         raise FileNotFoundError(
             f"reference checkpoint {str(path)!r} does not exist; train one on the target split "
-            "(see the selection_callbacks.methods.rho docstring for the command)"
+            "(the README's RHO-LOSS section has the command)"
         )
     try:
         module = LitGPT.load_from_checkpoint(path, map_location="cpu")

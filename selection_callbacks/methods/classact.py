@@ -9,7 +9,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from selection_callbacks.callbacks.base import SelectionRecord
+from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.callbacks.proxy import ProxySelection
 
 

@@ -2,10 +2,12 @@
 
 from __future__ import annotations
 
+from typing import Any
+
 import lightning as L
 from typing_extensions import override
 
-from selection_callbacks.callbacks.base import Scores
+from selection_callbacks.core.selection import Scores
 from selection_callbacks.scoring.ghost import Resolver
 from selection_callbacks.callbacks.ghost import GhostSelection
 from selection_callbacks.scoring.preconditioners import SGDStepPreconditioner
@@ -24,38 +26,13 @@ class GreatsSelection(GhostSelection):
 
     Args:
         ratio: kept fraction ρ = K/N.
-        score_len: tokens scored per candidate.
-        sketch_dim: m of the interaction sketches (0: no interaction term).
-        proxy_batch_size: proxy sequences per micro-batch.
-        proxy: a proxy file; default: the datamodule's target split.
-        include_embedding: also score the token embedding.
-        include_head: also score the output head.
-        layers: glob patterns of the module names to score (None: all of the above).
-        sketch: ``"tensor"``, ``"count"`` or ``"two_sided"``.
-        candidate_chunk: candidates per scoring pass (flat memory in N; None: one pass).
-        seed: selection seed.
-        k: keep exactly this many instead of ratio·N.
+        **kwargs: :class:`GhostSelection` arguments (``score_len``, ``sketch_dim`` (0: no interaction
+            term), ``proxy_batch_size``, ``proxy``, ``include_embedding``, ``include_head``, ``layers``,
+            ``sketch``, ``candidate_chunk``, ``seed``, ``k``, ``nonfinite``); the draws are greedy.
     """
 
-    def __init__(
-        self,
-        ratio: float = 0.5,
-        score_len: int = 64,
-        sketch_dim: int = 1024,
-        proxy_batch_size: int = 8,
-        proxy: str | None = None,
-        include_embedding: bool = False,
-        include_head: bool = False,
-        layers: list[str] | None = None,
-        sketch: str = "tensor",
-        candidate_chunk: int | None = None,
-        seed: int = 0,
-        k: int | None = None,
-    ) -> None:
-        super().__init__(
-            ratio, score_len, sketch_dim, proxy_batch_size, proxy, include_embedding, include_head, layers, sketch,
-            candidate_chunk, temperature=0.0, seed=seed, k=k,
-        )
+    def __init__(self, ratio: float = 0.5, **kwargs: Any) -> None:
+        super().__init__(ratio=ratio, temperature=0.0, **kwargs)
 
     @override
     def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:

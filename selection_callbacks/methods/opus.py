@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from typing_extensions import override
 
-from selection_callbacks.callbacks.base import Scores
+from selection_callbacks.core.selection import Scores
 from selection_callbacks.scoring.ghost import Resolver
 from selection_callbacks.callbacks.ghost import GhostSelection
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner

@@ -1,31 +1,10 @@
 """RHO-LOSS: keep the candidates with the largest reducible holdout loss, ℓ_learner(z) − ℓ_ref(z).
 
-The reference is a model trained on the target split (never val). Train it with a short
-``train.py`` run whose pool, target and val are all the target split (ratio 1: every candidate
-kept; no validation) and which saves ``runs/rho_reference/reference.ckpt``::
-
-    python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/random.yaml \
-        --data.pool data/default/target.jsonl --data.target data/default/target.jsonl \
-        --data.val data/default/target.jsonl --data.ratio 1 \
-        --trainer.max_steps 300 --trainer.limit_val_batches 0 --trainer.enable_checkpointing true \
-        --trainer.callbacks+=ModelCheckpoint --trainer.callbacks.dirpath runs/rho_reference \
-        --trainer.callbacks.filename reference --trainer.callbacks.save_on_train_epoch_end true \
-        --trainer.default_root_dir runs/rho_reference
-
-Then either score with it on the fly (one reference forward over the N candidates per step)::
-
-    python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/rho.yaml \
-        --selection.init_args.reference runs/rho_reference/reference.ckpt \
-        --data.pool data/default/pool.jsonl --data.target data/default/target.jsonl --data.val data/default/val.jsonl
-
-or precompute ℓ_ref once per pool sequence (same pool and ``--data.seq_len`` as the training run)::
-
-    python -m selection_callbacks.offline.reference_losses --ckpt runs/rho_reference/reference.ckpt \
-        --pool data/default/pool.jsonl --seq-len 128 --out runs/rho_reference/pool_losses.npz
-
-and look it up by ``sample_id`` with ``--selection.init_args.reference_losses runs/rho_reference/pool_losses.npz``.
-Without either, ``configs/method/rho.yaml`` pretrains a reference on the target split when
-training starts (what ``bench.compare`` runs).
+The reference is a model trained on the target split (never val): a ``train.py`` checkpoint
+scored on the fly (``reference``), losses precomputed once per pool sequence and looked up by
+``sample_id`` (``reference_losses``, from ``selection-callbacks reference-losses``), or, with
+neither, a proxy pretrained on the target split when training starts (what ``bench.compare``
+runs). The README's "ClassAct and RHO-LOSS" section has the commands that train and precompute it.
 """
 
 from __future__ import annotations

@@ -1,1 +1,4 @@
-"""Plain torch models and optimizers: the GPT used as learner and proxy, Muon+AdamW, the LR schedule."""
+"""Plain torch models and optimizers (never Lightning): ``gpt`` (the GPT used as learner and proxy),
+``optim`` (Muon+AdamW as one optimizer, the optimizer builder, the warmup-cosine schedule)."""
+
+__all__ = ["gpt", "optim"]

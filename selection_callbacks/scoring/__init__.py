@@ -1,0 +1,9 @@
+"""Pure torch scoring (never Lightning): what a method computes per candidate.
+
+``losses`` (per-token and per-sample LM losses, the ``per_sample_loss`` protocol), ``ghost`` (the
+ghost-gradient engine: utilities and sketches without per-sample gradients), ``preconditioners``
+(each optimizer's one-step map P), ``sketch`` (CountSketch, TensorSketch), ``windows`` (seeded
+scoring windows), ``proxy_models`` (small proxy LMs: build, train a step, count the cost).
+"""
+
+__all__ = ["ghost", "losses", "preconditioners", "proxy_models", "sketch", "windows"]
