@@ -127,3 +127,23 @@ def test_the_top_level_exports_every_callback(name: str) -> None:
     assert value.__name__ == name
     if name.endswith(("Selection", "Ledger", "Dashboard", "Recorder")):
         assert issubclass(value, L.Callback), name
+
+
+LAYERS = ("core", "data", "nn", "scoring", "learner", "offline", "callbacks", "methods", "cli")  # bottom to top
+
+
+def test_each_layer_imports_only_downward() -> None:
+    upward = []
+    for path in sorted(LIBRARY.rglob("*.py")):
+        own = path.relative_to(LIBRARY).parts[0]
+        if own not in LAYERS or _is_alias(path):
+            continue
+        for node in ast.walk(ast.parse(path.read_text())):
+            names = [node.module] if isinstance(node, ast.ImportFrom) and node.module else (
+                [a.name for a in node.names] if isinstance(node, ast.Import) else [])
+            for name in names:
+                parts = name.split(".")
+                if parts[0] == "selection_callbacks" and len(parts) > 1 and parts[1] in LAYERS:
+                    if LAYERS.index(parts[1]) > LAYERS.index(own):
+                        upward.append(f"{path.relative_to(ROOT)} imports {name}")
+    assert not upward, upward
