@@ -43,7 +43,7 @@ def _fit(corpus, selector, steps: int, optimizer: str = "adamw", batch_size: int
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
 def test_opus_picks_the_proxy_domain(tiny_corpus, optimizer: str) -> None:
     selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256, temperature=0.5)
-    _fit(tiny_corpus, selector, steps=50, optimizer=optimizer)  # 25 steps gave 0.70 (Muon) on an AMD EPYC host
+    _fit(tiny_corpus, selector, steps=50, optimizer=optimizer)
     counts = selector.domain_counts
     share = counts.get("prose", 0) / sum(counts.values())
     assert share > 0.7, f"prose share {share:.2f} (base rate 0.5)"
