@@ -3,13 +3,72 @@
 Each rule returns the chosen indices and the inclusion probabilities π_i = P(i ∈ S), from
 which the effective sample size of the selection is ESS = (Σπ)² / Σπ² = K² / Σπ²: K for a
 deterministic top-K, N for uniform sampling.
+
+Gumbel-top-k is defined once, here, for the rules and for the offline selectors: :func:`gumbel_noise`
+(torch tensors) and :func:`gumbel_keys` / :func:`gumbel_order` (numpy arrays).
 """
 
 from __future__ import annotations
 
 from typing import Protocol
 
+import numpy as np
 import torch
+
+__all__ = [
+    "GumbelTopK", "SamplingRule", "SequentialBoltzmann", "TopK", "Uniform", "effective_sample_size", "gumbel_keys",
+    "gumbel_noise", "gumbel_order", "make_rule",
+]
+
+
+def gumbel_noise(
+    shape: tuple[int, ...], generator: torch.Generator | np.random.Generator, dtype: torch.dtype = torch.float64
+) -> torch.Tensor:
+    """Standard Gumbel noise G = −log E, E ~ Exp(1) i.i.d., as a torch tensor of ``shape`` and ``dtype``.
+
+    Adding G to scores and taking the K largest keys is Gumbel-top-K: a sample of K without
+    replacement ∝ exp(score) (Plackett–Luce). The exponentials come from ``generator``:
+
+    - a ``torch.Generator``: E = −log U with U ~ U(0, 1) drawn in float64 and clamped to
+      [1e-12, 1 − 1e-12] (so G is finite); G is cast to ``dtype`` at the end;
+    - a ``numpy.random.Generator``: E = ``standard_exponential(shape, dtype)`` (float32 or float64),
+      so float32 noise never passes through float64 (half the memory of a large key matrix).
+
+    The numpy sites that return numpy arrays use :func:`gumbel_keys` instead: ``rng.gumbel`` draws
+    its own stream with numpy's ``log``, which no torch computation reproduces bit for bit.
+    """
+    if isinstance(generator, np.random.Generator):
+        e = torch.from_numpy(generator.standard_exponential(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
+        return e.log_().neg_()
+    u = torch.rand(shape, generator=generator, dtype=torch.float64).clamp_(1e-12, 1 - 1e-12)
+    return (-torch.log(-torch.log(u))).to(dtype)
+
+
+def gumbel_keys(
+    scores: np.ndarray, rng: np.random.Generator, temperature: float = 1.0, *, scale_noise: bool = False
+) -> np.ndarray:
+    """Gumbel-top-k keys of ``scores`` (float64, any shape): their descending order is a Plackett–Luce
+    sample without replacement ∝ exp(scores / τ).
+
+    The keys are ``scores / τ + G``, or with ``scale_noise`` ``scores + τ·G`` (the same order in exact
+    arithmetic, rounded differently, and defined at τ = 0, where the keys are the scores), with
+    G ~ Gumbel(0, 1) i.i.d. from ``rng.gumbel`` in the shape of ``scores``. τ = 1 gives exactly
+    ``scores + G`` either way.
+    """
+    s = np.asarray(scores, dtype=np.float64)
+    g = rng.gumbel(size=s.shape)
+    return s + temperature * g if scale_noise else s / temperature + g
+
+
+def gumbel_order(
+    scores: np.ndarray, rng: np.random.Generator, temperature: float = 1.0, *, scale_noise: bool = False
+) -> np.ndarray:
+    """Indices of 1-d ``scores`` by descending :func:`gumbel_keys` (stable: ties to the lower index).
+
+    Every prefix is a sample without replacement with probabilities ∝ exp(scores / τ); ``-inf``
+    scores come last.
+    """
+    return np.argsort(-gumbel_keys(scores, rng, temperature, scale_noise=scale_noise), kind="stable")
 
 
 class SamplingRule(Protocol):
@@ -70,18 +129,12 @@ class GumbelTopK:
         self.temperature = temperature
         self.mc_draws = mc_draws
 
-    def _gumbel(self, shape: tuple[int, ...], generator: torch.Generator, dtype: torch.dtype) -> torch.Tensor:
-        u = torch.rand(shape, generator=generator, dtype=torch.float64).clamp_(1e-12, 1 - 1e-12)
-        return (-torch.log(-torch.log(u))).to(dtype)
-
     def select(self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions=None) -> torch.Tensor:
-        keys = scores.double() / self.temperature + self._gumbel(scores.shape, generator, torch.float64)
+        keys = scores.double() / self.temperature + gumbel_noise(scores.shape, generator)
         return _top(keys, k)
 
     def inclusion(self, scores: torch.Tensor, k: int, generator: torch.Generator, interactions=None) -> torch.Tensor:
-        keys = scores.double()[None, :] / self.temperature + self._gumbel(
-            (self.mc_draws, scores.shape[0]), generator, torch.float64
-        )
+        keys = scores.double()[None, :] / self.temperature + gumbel_noise((self.mc_draws, scores.shape[0]), generator)
         chosen = torch.zeros_like(keys)
         chosen.scatter_(1, torch.topk(keys, k, dim=1).indices, 1.0)
         return chosen.mean(0).to(scores.dtype)
@@ -115,8 +168,7 @@ class SequentialBoltzmann:
         for _ in range(k):
             keys = gains / self.temperature if self.temperature > 0 else gains.clone()
             if self.temperature > 0:
-                u = torch.rand(draws, n, generator=generator, dtype=torch.float64).clamp_(1e-12, 1 - 1e-12)
-                keys = keys - torch.log(-torch.log(u))
+                keys = keys + gumbel_noise((draws, n), generator)
             keys[taken] = -torch.inf
             pick = keys.argmax(1)
             taken[rows, pick] = True

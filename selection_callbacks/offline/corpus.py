@@ -1,5 +1,8 @@
 """What every offline selector shares: documents with token counts, the budget rule and Gumbel-top-k.
 
+``gumbel_order`` (indices by descending log-weight + Gumbel noise) is
+:func:`selection_callbacks.core.sampling.gumbel_order`, re-exported here.
+
 A selector ranks pool documents (deterministically, or by sampling without replacement) and
 :meth:`Budget.take` keeps the shortest prefix of that ranking that meets the budget: ``docs=N``
 keeps exactly N documents; ``tokens=B`` keeps the fewest documents whose tokens (ByteTokenizer:
@@ -15,8 +18,11 @@ from typing import Any
 
 import numpy as np
 
+from selection_callbacks.core.sampling import gumbel_order
 from selection_callbacks.data.readers import iter_documents
 from selection_callbacks.data.tokenizer import ByteTokenizer
+
+__all__ = ["Budget", "Corpus", "Selection", "SelectionError", "gumbel_order", "load_corpus"]
 
 
 class SelectionError(ValueError):
@@ -112,16 +118,6 @@ class Budget:
 
     def describe(self) -> str:
         return f"{self.docs} documents" if self.docs is not None else f"{self.tokens} tokens"
-
-
-def gumbel_order(log_weights: np.ndarray, rng: np.random.Generator) -> np.ndarray:
-    """Indices by descending ``log_weights + Gumbel(0, 1)``.
-
-    Every prefix is a sample without replacement with probabilities ∝ exp(log_weights)
-    (Plackett–Luce; the Gumbel-top-k trick). ``-inf`` weights come last.
-    """
-    keys = np.asarray(log_weights, dtype=np.float64) + rng.gumbel(size=len(log_weights))
-    return np.argsort(-keys, kind="stable")
 
 
 @dataclass

@@ -35,9 +35,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
+from selection_callbacks.core.sampling import gumbel_noise
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection
 from selection_callbacks.offline.embeddings import make_embedder
 from selection_callbacks.offline.features import FeatureBank, FeatureConfig, feature_bank
+
+__all__ = [
+    "BANK_QUALITY", "DIVERSITIES", "DatamaskConfig", "DatamaskResult", "bank_quality", "datamask", "gumbel_top_s",
+    "heuristic_quality", "mask_sums", "pairwise_diversity", "plackett_luce_grad", "select_datamask", "standardise",
+    "text_heuristics",
+]
 
 DIVERSITIES = ("pairwise", "facility")
 _ELEMENTS_PER_BLOCK = 1 << 24  # floats per temporary [masks, n] or [masks, S, R] block (64 MB)
@@ -77,16 +84,16 @@ def pairwise_diversity(sums: torch.Tensor, sq_norms: torch.Tensor, size: int) ->
 def gumbel_top_s(logits: torch.Tensor, groups: int, size: int, rng: np.random.Generator) -> torch.Tensor:
     """G Plackett–Luce orders of ``size`` draws without replacement from softmax(logits): [G, size].
 
-    Gumbel-top-S: the descending order of L_i + g_i, g_i = −log E_i with E_i ~ Exp(1), is an
-    ordered sample without replacement. Masks are drawn in blocks so that a [block, n] key matrix
-    stays under 64 MB.
+    Gumbel-top-S: the descending order of L_i + g_i, g_i = −log E_i with E_i ~ Exp(1) (float32
+    :func:`~selection_callbacks.core.sampling.gumbel_noise` from ``rng``), is an ordered sample
+    without replacement. Masks are drawn in blocks so that a [block, n] key matrix stays under 64 MB.
     """
     n = logits.shape[0]
     block = max(1, min(groups, _ELEMENTS_PER_BLOCK // n))
     out = []
     for start in range(0, groups, block):
         b = min(block, groups - start)
-        keys = torch.from_numpy(rng.standard_exponential((b, n), dtype=np.float32)).log_().neg_().add_(logits)
+        keys = gumbel_noise((b, n), rng, torch.float32).add_(logits)
         out.append(torch.topk(keys, size, dim=1, sorted=True).indices)
     return torch.cat(out)
 
@@ -202,23 +209,10 @@ def _split_budget(budget: int, sizes: list[int]) -> list[int]:
 
 
 def datamask(
-    quality: np.ndarray,
-    embeddings: np.ndarray,
-    budget: int,
-    *,
-    lam: float = 0.3,
-    groups: int = 128,
-    iterations: int = 2000,
-    lr: float = 10.0,
-    prune: float = 0.4,
-    update_fraction: float = 0.05,
-    chunk_size: int = 100_000,
-    diversity: str = "pairwise",
-    reference_size: int = 256,
-    center: bool = True,
-    init_scale: float = 1.0,
-    seed: int = 0,
-    progress: bool = True,
+    quality: np.ndarray, embeddings: np.ndarray, budget: int, *, lam: float = 0.3, groups: int = 128,
+    iterations: int = 2000, lr: float = 10.0, prune: float = 0.4, update_fraction: float = 0.05,
+    chunk_size: int = 100_000, diversity: str = "pairwise", reference_size: int = 256, center: bool = True,
+    init_scale: float = 1.0, seed: int = 0, progress: bool = True,
 ) -> DatamaskResult:
     """Select ``budget`` of n documents by DATAMASK.
 
@@ -236,9 +230,8 @@ def datamask(
             paper: 0.05–0.1); each iteration's masks have S·fraction documents drawn from it.
         chunk_size: chunks of at most this many documents are learned independently, each
             selecting its share of S. The iterations a chunk needs grow about linearly with its
-            size (each iteration's signal per logit scales with √(G/chunk)): at 100k documents and
-            G = 128 the objective plateaus after ~1500 iterations (``bench/datamask_scale.py``);
-            the paper's 1M-document chunks need ~10× more.
+            size (each iteration's signal per logit scales with √(G/chunk)); ``bench/datamask_scale.py``
+            finds where the objective plateaus (``bench/results/datamask/scale.json``).
         diversity: ``"pairwise"`` (−mean pairwise cosine) or ``"facility"`` (mean over a sampled
             reference set of the best cosine inside the mask).
         reference_size: reference documents per chunk for facility location.
@@ -248,6 +241,32 @@ def datamask(
         seed: every random draw derives from it.
         progress: show a tqdm bar over iterations.
     """
+    quality = _checked_inputs(quality, embeddings, budget, lam, prune, update_fraction, groups, iterations,
+                              chunk_size, diversity)
+    how = _Learning(lam, groups, iterations, lr, update_fraction, diversity, reference_size, center, init_scale, progress)
+    rng = np.random.default_rng(seed)
+    seconds = dict.fromkeys(("prepare", "learn", "final"), 0.0)
+    clock = time.perf_counter()
+    candidates, z, parts, budgets = _plan_chunks(quality, budget, prune, chunk_size, rng)
+    whole = len(parts) == 1 and candidates.size == quality.shape[0]
+    logits = np.full(quality.shape[0], -np.inf)
+    chosen, history, finals = [], [], []
+    for c, (part, s) in enumerate(zip(parts, budgets)):
+        idx = candidates[part]
+        desc = f"datamask chunk {c + 1}/{len(parts)}" if len(parts) > 1 else "datamask"
+        mask, lg, curve, final, clock = _learn_chunk(embeddings, idx, whole, z[part], s, how, rng, desc, seconds, clock)
+        chosen.append(mask)
+        logits[idx] = lg.numpy()
+        history.append(curve)
+        finals.append(final)
+    return DatamaskResult(np.sort(np.concatenate(chosen)), logits, np.asarray(history), np.asarray(finals), seconds)
+
+
+def _checked_inputs(
+    quality: np.ndarray, embeddings: np.ndarray, budget: int, lam: float, prune: float, update_fraction: float,
+    groups: int, iterations: int, chunk_size: int, diversity: str,
+) -> np.ndarray:
+    """``quality`` as float64 [n], or a ValueError naming the first argument of :func:`datamask` out of range."""
     quality = np.asarray(quality, dtype=np.float64)
     n = quality.shape[0]
     if quality.ndim != 1 or n == 0:
@@ -270,10 +289,31 @@ def datamask(
         )
     if diversity not in DIVERSITIES:
         raise ValueError(f"unknown diversity {diversity!r}; choose one of {DIVERSITIES}")
+    return quality
 
-    rng = np.random.default_rng(seed)
-    seconds = dict.fromkeys(("prepare", "learn", "final"), 0.0)
-    clock = time.perf_counter()
+
+@dataclass(frozen=True)
+class _Learning:
+    """The settings of :func:`datamask` that one chunk's learning reads."""
+
+    lam: float
+    groups: int
+    iterations: int
+    lr: float
+    update_fraction: float
+    diversity: str
+    reference_size: int
+    center: bool
+    init_scale: float
+    progress: bool
+
+
+def _plan_chunks(
+    quality: np.ndarray, budget: int, prune: float, chunk_size: int, rng: np.random.Generator
+) -> tuple[np.ndarray, np.ndarray, list[np.ndarray], list[int]]:
+    """Pruning and chunking: the kept documents (ascending), their standardised quality, each chunk's
+    positions into the kept documents (a random split when they exceed ``chunk_size``) and its budget."""
+    n = quality.shape[0]
     keep = max(budget, n - int(prune * n))
     candidates = np.sort(np.argsort(-quality, kind="stable")[:keep])
     z = standardise(quality[candidates])
@@ -281,29 +321,32 @@ def datamask(
         parts = np.array_split(rng.permutation(keep), -(-keep // chunk_size))
     else:
         parts = [np.arange(keep)]
-    budgets = _split_budget(budget, [len(p) for p in parts])
+    return candidates, z, parts, _split_budget(budget, [len(p) for p in parts])
 
-    logits = np.full(n, -np.inf)
-    chosen, history, finals = [], [], []
-    for c, (part, s) in enumerate(zip(parts, budgets)):
-        idx = candidates[part]
-        emb = _unit_rows(embeddings[idx] if len(parts) > 1 or keep < n else embeddings, center)
-        q = torch.as_tensor(z[part])
-        objective = _Objective(q, emb, lam, diversity, reference_size, rng)
-        clock = _tick(seconds, "prepare", clock)
-        desc = f"datamask chunk {c + 1}/{len(parts)}" if len(parts) > 1 else "datamask"
-        lg, curve = _learn(q * init_scale, objective, s, groups, iterations, lr, update_fraction, rng, desc, progress)
-        clock = _tick(seconds, "learn", clock)
-        orders = gumbel_top_s(lg.float(), groups, s, rng)
-        f = objective(orders)
-        best = int(torch.argmax(f))
-        chosen.append(idx[orders[best].numpy()])
-        logits[idx] = lg.numpy()
-        history.append(curve)
-        finals.append(float(f[best]))
-        del emb, objective
-        clock = _tick(seconds, "final", clock)
-    return DatamaskResult(np.sort(np.concatenate(chosen)), logits, np.asarray(history), np.asarray(finals), seconds)
+
+def _learn_chunk(
+    embeddings: np.ndarray, idx: np.ndarray, whole: bool, z: np.ndarray, size: int, how: _Learning,
+    rng: np.random.Generator, desc: str, seconds: dict[str, float], clock: float,
+) -> tuple[np.ndarray, torch.Tensor, list[float], float, float]:
+    """One chunk (documents ``idx``; ``whole``: they are all of ``embeddings``, in order) learned and drawn.
+
+    Returns its mask (indices into the input arrays), its learned logits (float64), the mean
+    objective per iteration, the final mask's objective (the best of G draws from the learned
+    logits) and the clock after the chunk's ``prepare``, ``learn`` and ``final`` time are counted.
+    """
+    emb = _unit_rows(embeddings if whole else embeddings[idx], how.center)
+    q = torch.as_tensor(z)
+    objective = _Objective(q, emb, how.lam, how.diversity, how.reference_size, rng)
+    clock = _tick(seconds, "prepare", clock)
+    lg, curve = _learn(q * how.init_scale, objective, size, how.groups, how.iterations, how.lr, how.update_fraction,
+                       rng, desc, how.progress)
+    clock = _tick(seconds, "learn", clock)
+    orders = gumbel_top_s(lg.float(), how.groups, size, rng)
+    f = objective(orders)
+    best = int(torch.argmax(f))
+    mask = idx[orders[best].numpy()]
+    del emb, objective
+    return mask, lg, curve, float(f[best]), _tick(seconds, "final", clock)
 
 
 def _tick(seconds: dict[str, float], key: str, since: float) -> float:

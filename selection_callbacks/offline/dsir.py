@@ -19,7 +19,12 @@ from dataclasses import dataclass
 import numpy as np
 from tqdm.auto import tqdm
 
-from selection_callbacks.offline.corpus import Budget, Corpus, Selection, gumbel_order
+from selection_callbacks.core.sampling import gumbel_order
+from selection_callbacks.offline.corpus import Budget, Corpus, Selection
+
+__all__ = [
+    "DSIRConfig", "hashed_ngrams", "log_importance", "select_dsir",
+]
 
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
 

@@ -29,10 +29,16 @@ import numpy as np
 import torch
 from tqdm.auto import tqdm
 
-from selection_callbacks.offline.corpus import Budget, Corpus, Selection, gumbel_order
+from selection_callbacks.core.sampling import gumbel_order
+from selection_callbacks.offline.corpus import Budget, Corpus, Selection
 from selection_callbacks.offline.features import FeatureConfig, feature_bank, standardise
 from selection_callbacks.offline.proxy_reward import ProxyReward
 from selection_callbacks.offline.proxy_train import ProxyConfig
+
+__all__ = [
+    "PolicyConfig", "PolicyResult", "REPORT_FEATURES", "RewardFn", "learn_policy", "plackett_luce_log_prob",
+    "select_policy",
+]
 
 REPORT_FEATURES = (
     "loss_final", "delta", "distinct_1", "non_ascii", "log_freq", "bos_per_seq", "byte_entropy", "grad_align", "dsir",

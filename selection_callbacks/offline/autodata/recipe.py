@@ -54,8 +54,16 @@ from typing import Any
 
 import numpy as np
 
+from selection_callbacks.core.sampling import gumbel_keys, gumbel_order
 from selection_callbacks.offline.corpus import Budget, Corpus
 from selection_callbacks.offline.features import NGRAM_ORDERS, NUMERIC_FEATURES, FeatureBank
+
+__all__ = [
+    "CATEGORICAL", "DERIVED_FEATURES", "EPS", "FEATURES", "FeatureTable", "GATE_KEYS", "PRESET_DIR", "RECIPE_KEYS",
+    "RULES", "RULE_DEFAULTS", "RecipeError", "TERM_KEYS", "apply_recipe_inline", "apply_term_recipe", "cell_ids",
+    "check_subset", "composite_score", "feature_table", "load_recipe", "recipe_features", "robust_tanh_z", "rule_order",
+    "run_recipe", "validate_recipe",
+]
 
 DERIVED_FEATURES = ("distinct_avg", "chars_per_token")
 FEATURES = (*NUMERIC_FEATURES, *DERIVED_FEATURES)
@@ -336,7 +344,7 @@ def _tournament_order(s: np.ndarray, candidates: np.ndarray, slate: int, tau: fl
         padded = np.full(n_slates * slate, -1)
         padded[: perm.size] = perm
         slates = padded.reshape(n_slates, slate)
-        key = np.where(slates >= 0, s[np.maximum(slates, 0)] + tau * rng.gumbel(size=slates.shape), -np.inf)
+        key = np.where(slates >= 0, gumbel_keys(s[np.maximum(slates, 0)], rng, tau, scale_noise=True), -np.inf)
         winners = slates[np.arange(n_slates), key.argmax(1)]
         order.append(winners[np.argsort(-s[winners], kind="stable")])
         remaining = np.setdiff1d(remaining, winners, assume_unique=True)
@@ -348,7 +356,7 @@ def _quota_order(
     rng: np.random.Generator,
 ) -> np.ndarray:
     """Interleave cells so every prefix fills cell c's share ∝ (pool tokens of c)^α, best first within cells."""
-    key = s[candidates] + (tau * rng.gumbel(size=candidates.size) if tau > 0 else 0.0)
+    key = gumbel_keys(s[candidates], rng, tau, scale_noise=True) if tau > 0 else s[candidates]
     c = cell[candidates]
     cell_tokens = np.bincount(c, weights=n_tokens[candidates])
     share = np.where(cell_tokens > 0, cell_tokens**alpha, 0.0)
@@ -375,8 +383,7 @@ def rule_order(recipe: dict, s: np.ndarray, candidates: np.ndarray, table: Featu
         below = candidates[s[candidates] < cut]
         return np.concatenate([above, below[np.argsort(-s[below], kind="stable")]])
     if r["kind"] == "gumbel":
-        keys = s[candidates] / r["temperature"] + rng.gumbel(size=candidates.size)
-        return candidates[np.argsort(-keys, kind="stable")]
+        return candidates[gumbel_order(s[candidates], rng, r["temperature"])]
     if r["kind"] == "tournament":
         return _tournament_order(s, candidates, r["slate"], r["temperature"], rng)
     return _quota_order(s, candidates, cell_ids(table, recipe["cells"]), table.n_tokens, r["alpha"], r["temperature"], rng)

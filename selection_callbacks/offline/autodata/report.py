@@ -18,6 +18,8 @@ matplotlib.use("Agg")
 import matplotlib.pyplot as plt  # noqa: E402
 import numpy as np  # noqa: E402
 
+__all__ = ["TOP", "describe", "is_uniform", "load_trials", "plot", "running_best", "usage", "write_report"]
+
 TOP = 10
 
 
@@ -88,65 +90,97 @@ def write_report(folders: list[Path], out: Path | None = None) -> Path:
     trials = runs[main]
     final_path = main / "final.json"
     final = json.loads(final_path.read_text()) if final_path.exists() else None
-    lines = [f"# AutoData search: {main}", ""]
-    settings = main / "search.json"
-    if settings.exists():
-        s = json.loads(settings.read_text())
-        lines += [f"proposer `{s.get('proposer')}` · seed {s.get('seed')} · proxy seed {s.get('proxy_seed')} · "
-                  f"{s.get('trial_tokens'):,} proxy tokens per trial · budget {s.get('budget')}", ""]
-    lines += ["## Searches", "",
-              "Score: bits per byte of the target split under a fresh proxy trained on the recipe's subset "
-              "(lower is better); *uniform* is the uniform-random recipe's trial; *retrained* is the exported "
-              "winner's mean over the final proxy seeds; *mean after 8* is the mean score of trials 9 on "
-              "(how good the proposals are, not just the luckiest).", "",
-              "| search | proposer | trials | failed | uniform | best | best − uniform | best after 10 / 20 / 30 / 40 "
-              "| retrained winner | mean after 8 |",
-              "|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
-    for f, ts in runs.items():
-        uni = [t["score"] for t in ts if t["status"] == "ok" and is_uniform(t["recipe"])]
-        rb = running_best(ts)
-        best = float(np.nanmin(rb)) if np.isfinite(rb).any() else float("nan")
-        after = " / ".join(f"{rb[n - 1]:.4f}" if len(rb) >= n else "-" for n in (10, 20, 30, 40))
-        failed = sum(t["status"] != "ok" for t in ts)
-        u = f"{uni[0]:.4f}" if uni else "-"
-        d = f"{best - uni[0]:+.4f}" if uni else "-"
-        fin = f / "final.json"
-        retrained = f"{json.loads(fin.read_text())['best']['mean']:.4f}" if fin.exists() else "-"
-        later = [t["score"] for t in ts[8:] if t["status"] == "ok"]
-        mean_late = f"{np.mean(later):.4f}" if later else "-"
-        lines.append(f"| {f} | {ts[0]['proposer'] if ts else '-'} | {len(ts)} | {failed} | {u} | {best:.4f} | {d} | "
-                     f"{after} | {retrained} | {mean_late} |")
-    if final:
-        lines += ["", f"## Final retraining (proxy seeds {final['proxy_seeds']})", "",
-                  "| trial | scores | mean | recipe |", "|---:|---|---:|---|"]
-        for r in final["top"]:
-            lines.append(f"| {r['trial']} | {', '.join(f'{x:.4f}' for x in r['scores'])} | {r['mean']:.4f} | "
-                         f"{describe(r['recipe'])} |")
-        lines += ["", f"Exported: `best_recipe.json` (trial {final['best']['trial']})."]
-    ok = sorted((t for t in trials if t["status"] == "ok"), key=lambda t: t["score"])
-    lines += ["", f"## Leaderboard (top {TOP})", "", "| rank | trial | target bpb | recipe |", "|---:|---:|---:|---|"]
-    for rank, t in enumerate(ok[:TOP], 1):
-        lines.append(f"| {rank} | {t['trial']} | {t['score']:.4f} | {describe(t['recipe'])} |")
-    feats_all, feats_top, ops_all, ops_top = usage(trials)
-    n_ok = sum(1 for t in ok if t["recipe"] and "terms" in t["recipe"])
-    lines += ["", f"## Feature usage (of {n_ok} successful recipes / of the top {min(TOP, n_ok)})", "",
-              "| feature | all | top |", "|---|---:|---:|"]
-    for name, n in feats_all.most_common():
-        lines.append(f"| {name} | {n} | {feats_top.get(name, 0)} |")
-    lines += ["", "## Operations", "", "| operation | all | top |", "|---|---:|---:|"]
-    for name, n in sorted(ops_all.items()):
-        lines.append(f"| {name} | {n} | {ops_top.get(name, 0)} |")
-    failures = [t for t in trials if t["status"] != "ok"]
-    if failures:
-        lines += ["", f"## Failed trials ({len(failures)})", ""]
-        for t in failures:
-            lines.append(f"- trial {t['trial']}: {str(t['error']).splitlines()[0][:200]}")
+    lines = [*_heading(main), *_searches(runs), *(_final_retraining(final) if final else []), *_leaderboard(trials),
+             *_usage_tables(trials), *_failures(trials)]
     out.mkdir(parents=True, exist_ok=True)
     plot(runs, out / "score_vs_trial.png")
     lines += ["", "![score vs trial](score_vs_trial.png)", ""]
     path = out / "report.md"
     path.write_text("\n".join(lines))
     return path
+
+
+def _heading(main: Path) -> list[str]:
+    """The title and, when ``search.json`` is there, the search's settings."""
+    lines = [f"# AutoData search: {main}", ""]
+    settings = main / "search.json"
+    if settings.exists():
+        s = json.loads(settings.read_text())
+        lines += [f"proposer `{s.get('proposer')}` · seed {s.get('seed')} · proxy seed {s.get('proxy_seed')} · "
+                  f"{s.get('trial_tokens'):,} proxy tokens per trial · budget {s.get('budget')}", ""]
+    return lines
+
+
+def _searches(runs: dict[Path, list[dict[str, Any]]]) -> list[str]:
+    """The searches side by side: one row per folder."""
+    lines = ["## Searches", "",
+             "Score: bits per byte of the target split under a fresh proxy trained on the recipe's subset "
+             "(lower is better); *uniform* is the uniform-random recipe's trial; *retrained* is the exported "
+             "winner's mean over the final proxy seeds; *mean after 8* is the mean score of trials 9 on "
+             "(how good the proposals are, not just the luckiest).", "",
+             "| search | proposer | trials | failed | uniform | best | best − uniform | best after 10 / 20 / 30 / 40 "
+             "| retrained winner | mean after 8 |",
+             "|---|---|---:|---:|---:|---:|---:|---|---:|---:|"]
+    return lines + [_search_row(f, ts) for f, ts in runs.items()]
+
+
+def _search_row(f: Path, ts: list[dict[str, Any]]) -> str:
+    """One search's row of the searches table."""
+    uni = [t["score"] for t in ts if t["status"] == "ok" and is_uniform(t["recipe"])]
+    rb = running_best(ts)
+    best = float(np.nanmin(rb)) if np.isfinite(rb).any() else float("nan")
+    after = " / ".join(f"{rb[n - 1]:.4f}" if len(rb) >= n else "-" for n in (10, 20, 30, 40))
+    failed = sum(t["status"] != "ok" for t in ts)
+    u = f"{uni[0]:.4f}" if uni else "-"
+    d = f"{best - uni[0]:+.4f}" if uni else "-"
+    fin = f / "final.json"
+    retrained = f"{json.loads(fin.read_text())['best']['mean']:.4f}" if fin.exists() else "-"
+    later = [t["score"] for t in ts[8:] if t["status"] == "ok"]
+    mean_late = f"{np.mean(later):.4f}" if later else "-"
+    return (f"| {f} | {ts[0]['proposer'] if ts else '-'} | {len(ts)} | {failed} | {u} | {best:.4f} | {d} | "
+            f"{after} | {retrained} | {mean_late} |")
+
+
+def _final_retraining(final: dict[str, Any]) -> list[str]:
+    """The top recipes' scores under the final proxy seeds and the exported winner (``final.json``)."""
+    lines = ["", f"## Final retraining (proxy seeds {final['proxy_seeds']})", "",
+             "| trial | scores | mean | recipe |", "|---:|---|---:|---|"]
+    for r in final["top"]:
+        lines.append(f"| {r['trial']} | {', '.join(f'{x:.4f}' for x in r['scores'])} | {r['mean']:.4f} | "
+                     f"{describe(r['recipe'])} |")
+    return lines + ["", f"Exported: `best_recipe.json` (trial {final['best']['trial']})."]
+
+
+def _leaderboard(trials: list[dict[str, Any]]) -> list[str]:
+    """The ``TOP`` best successful trials."""
+    ok = sorted((t for t in trials if t["status"] == "ok"), key=lambda t: t["score"])
+    lines = ["", f"## Leaderboard (top {TOP})", "", "| rank | trial | target bpb | recipe |", "|---:|---:|---:|---|"]
+    for rank, t in enumerate(ok[:TOP], 1):
+        lines.append(f"| {rank} | {t['trial']} | {t['score']:.4f} | {describe(t['recipe'])} |")
+    return lines
+
+
+def _usage_tables(trials: list[dict[str, Any]]) -> list[str]:
+    """Feature and operation counts over the successful term recipes and over the top ones (:func:`usage`)."""
+    feats_all, feats_top, ops_all, ops_top = usage(trials)
+    n_ok = sum(1 for t in trials if t["status"] == "ok" and t["recipe"] and "terms" in t["recipe"])
+    lines = ["", f"## Feature usage (of {n_ok} successful recipes / of the top {min(TOP, n_ok)})", "",
+             "| feature | all | top |", "|---|---:|---:|"]
+    for name, n in feats_all.most_common():
+        lines.append(f"| {name} | {n} | {feats_top.get(name, 0)} |")
+    lines += ["", "## Operations", "", "| operation | all | top |", "|---|---:|---:|"]
+    for name, n in sorted(ops_all.items()):
+        lines.append(f"| {name} | {n} | {ops_top.get(name, 0)} |")
+    return lines
+
+
+def _failures(trials: list[dict[str, Any]]) -> list[str]:
+    """The failed trials with the first line of their error (nothing when none failed)."""
+    failures = [t for t in trials if t["status"] != "ok"]
+    if not failures:
+        return []
+    return ["", f"## Failed trials ({len(failures)})", "",
+            *(f"- trial {t['trial']}: {str(t['error']).splitlines()[0][:200]}" for t in failures)]
 
 
 def plot(runs: dict[Path, list[dict[str, Any]]], path: Path) -> None:
