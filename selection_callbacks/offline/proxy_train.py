@@ -29,6 +29,11 @@ from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import warmup_cosine
 from selection_callbacks.data.tokenizer import ByteTokenizer
 
+__all__ = [
+    "BOS", "DocScores", "ProxyConfig", "ProxyRun", "TokenStream", "make_proxy", "pack_documents", "score_documents",
+    "target_head_gradient", "target_loss", "train_proxy",
+]
+
 BOS = ByteTokenizer.bos_id
 
 

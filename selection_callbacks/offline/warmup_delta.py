@@ -2,7 +2,7 @@
 
 A proxy trained one pass over the pool is scored at an early checkpoint (10% of its steps) and at
 the end; Δ(x) = ℓ_early(x) − ℓ_final(x) (feature-bank columns ``loss_early``/``loss_final``).
-Plain top-K of Δ picked foreign-language text (top tail) and corrupted text in the report, so
+Plain top-K of Δ picks foreign-language text (top tail) and corrupted text (as the report finds), so
 documents with Δ above the (100 − ``trim_high``)-th percentile or below the ``trim_low``-th
 percentile (over documents) are dropped first and the rest ranked by Δ, largest first.
 Deterministic: the selection seed plays no part (the proxy uses ``bank.seed``).
@@ -16,6 +16,8 @@ import numpy as np
 
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection
 from selection_callbacks.offline.features import FeatureConfig, feature_bank
+
+__all__ = ["WarmupDeltaConfig", "delta_order", "select_warmup_delta"]
 
 
 @dataclass

@@ -33,6 +33,12 @@ from selection_callbacks.offline.autodata.recipe import (
     load_recipe, robust_tanh_z, validate_recipe,
 )
 
+__all__ = [
+    "AgentProposer", "EvolutionProposer", "MAX_TERMS", "POSITIVE_SKEWED", "ProposalError", "Proposer", "RandomProposer",
+    "Ridge", "SubsetProfile", "canonical", "crossover", "make_proposer", "merge_terms", "mutate", "noise_aware_scores",
+    "presets", "random_recipe", "random_rule", "random_term", "recipe_vector", "thompson_pick",
+]
+
 POSITIVE_SKEWED = ("n_bytes", "n_tokens", "bos_per_seq")
 MAX_TERMS = 4
 
@@ -226,10 +232,8 @@ class SubsetProfile:
     The profile is the token-weighted mean over the selected documents of every feature's tanh
     robust z-score (the recipes' own normalisation), the token share of each cluster and the share
     of the pool's documents selected. Recipes with different parameters but similar subsets get
-    similar profiles, so a surrogate on profiles transfers between them: over the 480 trials of the
-    12 searches made before it in ``bench/results/autodata``, a ridge on profiles predicts a
-    held-out search's trial scores with correlation 0.57 (leave one search out), one on
-    :func:`recipe_vector` with 0.33.
+    similar profiles, so a surrogate on profiles transfers between them better than one on
+    :func:`recipe_vector` (``bench/results/autodata/README.md`` compares the two).
 
     Args:
         table: the search's feature table.
@@ -316,7 +320,7 @@ def thompson_pick(candidates: np.ndarray, X: np.ndarray, y: np.ndarray, rng: np.
 
 
 class EvolutionProposer:
-    """Surrogate-screened search in two alternating arms (v4).
+    """Surrogate-screened search in two alternating arms.
 
     First the seeds (uniform, the paper's presets), then prior draws until ``n_init`` trials. After
     that, trials alternate between
@@ -339,8 +343,8 @@ class EvolutionProposer:
         p_crossover: share of children made by crossover before mutation.
         screen: children per exploit proposal ranked by the surrogate.
         screen_prior: prior draws per explore proposal ranked by the surrogate.
-        noise_sd: sd of a trial's score under one proxy seed (0.065 bpb on the default corpus:
-            the retrained top recipes' seed-1 and seed-2 scores).
+        noise_sd: sd of a trial's score under one proxy seed, in bpb (the default: the default
+            corpus's, measured as ``bench/results/autodata/README.md`` says).
         seed_presets: run the paper's presets right after the uniform recipe (they then compete
             as parents); False leaves them out of the search.
         profile: recipe → surrogate input (None when the recipe cannot be profiled); None =
