@@ -78,7 +78,7 @@ class RhoLossSelection(ProxySelection):
         if reference is None and reference_losses is None and reference_steps == 0:
             raise ValueError(
                 "RhoLossSelection needs a reference: reference=CKPT, reference_losses=FILE, or reference_steps > 0 to "
-                "pretrain one on the target split (see the selection_callbacks.methods.rho docstring for the commands)"
+                "pretrain one on the target split (the README's RHO-LOSS section has the commands)"
             )
         if not reference_lr > 0:
             raise ValueError(f"reference_lr must be > 0, got {reference_lr}")
