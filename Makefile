@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml
 	touch $(STAMP)
 
 data: $(STAMP)
-	$(BIN)/python -m selection_callbacks.data.default --out $(DATA)
+	$(BIN)/selection-callbacks corpus --out $(DATA)
 
 demo: data
 	$(BIN)/python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/high_loss.yaml \

@@ -1,7 +1,10 @@
 """Selection ledger commands: export a run's selected ids as a subset file, or summarise the run.
 
-    python -m selection_callbacks.cli.ledger export RUN_DIR --out selected.parquet
-    python -m selection_callbacks.cli.ledger summary RUN_DIR [--bins 10] [--top 10]
+    selection-callbacks ledger export RUN_DIR --out selected.parquet
+    selection-callbacks ledger summary RUN_DIR [--bins 10] [--top 10]
+
+(``python -m selection_callbacks.ledger`` and ``python -m selection_callbacks.cli.ledger`` take the
+same arguments.)
 
 ``export`` writes the subset format ``--data.subset`` reads (parquet, ``sample_id`` + ``weight``
 = how often each id was selected), so a new run trains on what the online method chose.
@@ -12,7 +15,6 @@ The ledger itself is written by :class:`selection_callbacks.callbacks.ledger_wri
 
 from __future__ import annotations
 
-import argparse
 import sys
 from collections.abc import Callable
 from pathlib import Path
@@ -20,6 +22,7 @@ from typing import Any
 
 import numpy as np
 import pyarrow as pa
+from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.core.ledger_store import LedgerError, read_ledger, read_meta
 from selection_callbacks.data.cache import default_cache_dir
@@ -135,28 +138,43 @@ def _doc_lookup(meta: dict[str, Any]) -> tuple[Callable[[int], list[str]] | None
     return split.sample_doc_ids, ""
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point."""
-    parser = argparse.ArgumentParser(prog="python -m selection_callbacks.cli.ledger", description=__doc__.splitlines()[0])
-    commands = parser.add_subparsers(dest="command", required=True)
-    export = commands.add_parser("export", help="write the selected sample ids (+ counts as weight) as a subset file")
+def build_parser(parent: ActionSubCommands | None = None, name: str = "ledger") -> ArgumentParser:
+    """The ``ledger`` command (``export``, ``summary``), standalone or as subcommand ``name`` of ``parent``."""
+    description = __doc__.splitlines()[0]
+    parser = ArgumentParser(prog="python -m selection_callbacks.cli.ledger", description=description)
+    if parent is not None:  # attached before its own subcommands, as jsonargparse requires
+        parent.add_subcommand(name, parser, help=description)
+    commands = parser.add_subcommands(dest="command", required=True)
+    export = ArgumentParser(description="write the selected sample ids (+ counts as weight) as a subset file")
     export.add_argument("run_dir", help="the run folder (holding ledger/) or the ledger folder")
     export.add_argument("--out", required=True, help="subset file to write (.parquet), for --data.subset")
-    summary = commands.add_parser("summary", help="domain composition over time and the most/least selected documents")
+    commands.add_subcommand("export", export, help=export.description)
+    summary = ArgumentParser(description="domain composition over time and the most/least selected documents")
     summary.add_argument("run_dir", help="the run folder (holding ledger/) or the ledger folder")
     summary.add_argument("--bins", type=int, default=10, help="step bins of the domain table")
     summary.add_argument("--top", type=int, default=10, help="documents listed as most and as least selected")
-    args = parser.parse_args(argv)
+    commands.add_subcommand("summary", summary, help=summary.description)
+    return parser
+
+
+def run(ns: Namespace) -> int:
+    """Run the command a ``build_parser()`` namespace names; 0, or 1 with the error on stderr."""
+    a = ns[ns.command]
     try:
-        if args.command == "export":
-            path, distinct, total = export_subset(args.run_dir, args.out)
+        if ns.command == "export":
+            path, distinct, total = export_subset(a.run_dir, a.out)
             print(f"wrote {path}: {distinct} sample ids, {total} selections (weight = times selected)")
         else:
-            print(summarize(args.run_dir, args.bins, args.top))
+            print(summarize(a.run_dir, a.bins, a.top))
     except (LedgerError, SubsetError) as e:
         print(f"error: {e}", file=sys.stderr)
         return 1
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m selection_callbacks.cli.ledger``: parse ``argv`` and run its command; the exit status."""
+    return run(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

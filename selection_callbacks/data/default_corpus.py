@@ -6,12 +6,12 @@ English technical prose only; the *pool* mixes every domain. All inputs come
 from files that every CPython installation ships, so the build is offline and,
 for a given installation and seed, byte-for-byte reproducible.
 
-Usage: ``python -m selection_callbacks.data.default_corpus --out DIR [--seed 0] [--force]``
+Usage: ``selection-callbacks corpus --out DIR [--seed 0] [--force]`` (or
+``python -m selection_callbacks.data.default_corpus`` with the same arguments)
 """
 
 from __future__ import annotations
 
-import argparse
 import ast
 import hashlib
 import json
@@ -31,6 +31,8 @@ from collections.abc import Iterable, Iterator
 from dataclasses import dataclass
 from itertools import chain, count
 from pathlib import Path
+
+from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 FORMAT_VERSION = 1
 SPLITS = ("pool", "target", "val")
@@ -552,22 +554,35 @@ def render_card_markdown(card: dict) -> str:
     return "\n".join(rows)
 
 
-def main(argv: list[str] | None = None) -> int:
-    """CLI entry point."""
-    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
-    parser.add_argument("--out", required=True, type=Path, help="output directory")
+def build_parser(parent: ActionSubCommands | None = None, name: str = "corpus") -> ArgumentParser:
+    """The ``corpus`` command, standalone or as subcommand ``name`` of ``parent``."""
+    description = __doc__.splitlines()[0]
+    parser = ArgumentParser(prog="python -m selection_callbacks.data.default_corpus", description=description)
+    parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling and splitting")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
-    args = parser.parse_args(argv)
-    if not args.force and is_up_to_date(args.out, args.seed):
-        print(f"{args.out}: up to date (seed {args.seed})")
-        card = read_card(args.out)
+    if parent is not None:
+        parent.add_subcommand(name, parser, help=description)
+    return parser
+
+
+def run(args: Namespace) -> int:
+    """Build (or keep) the corpus a ``build_parser()`` namespace describes and print its card; 0."""
+    out = Path(args.out)
+    if not args.force and is_up_to_date(out, args.seed):
+        print(f"{out}: up to date (seed {args.seed})")
+        card = read_card(out)
     else:
         start = time.perf_counter()
-        card = build_default_corpus(args.out, args.seed, force=True)
-        print(f"built default corpus in {time.perf_counter() - start:.1f}s -> {args.out}")
+        card = build_default_corpus(out, args.seed, force=True)
+        print(f"built default corpus in {time.perf_counter() - start:.1f}s -> {out}")
     print(render_card_markdown(card))
     return 0
+
+
+def main(argv: list[str] | None = None) -> int:
+    """``python -m selection_callbacks.data.default_corpus``: parse ``argv`` and build; the exit status."""
+    return run(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

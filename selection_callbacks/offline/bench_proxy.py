@@ -1,7 +1,9 @@
 """Bench-Proxy: a proxy set from the pool documents closest to a benchmark/target set.
 
-    python -m selection_callbacks.offline.bench_proxy --pool data/default/pool.jsonl \
+    selection-callbacks bench-proxy --pool data/default/pool.jsonl \
         --target data/default/target.jsonl --budget-tokens 200000 --out data/bench_proxy.jsonl
+
+(``python -m selection_callbacks.offline.bench_proxy`` takes the same arguments.)
 
 Each pool document is scored by its maximum cosine similarity to any target document; documents
 are kept in descending score until the token budget (byte tokens) is reached. The output is a
@@ -11,13 +13,13 @@ jsonl (``id``, ``text``, ``domain``, ``score``) usable as ``OPUSSelection(proxy=
 
 from __future__ import annotations
 
-import argparse
 import json
 import time
 from collections import Counter
 from pathlib import Path
 
 import numpy as np
+from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.data.readers import Document, iter_documents
 from selection_callbacks.offline.embeddings import Embedder, make_embedder
@@ -61,17 +63,32 @@ def bench_proxy(pool: str, target: str, budget_tokens: int, out: str | Path, emb
     }
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m selection_callbacks.offline.bench_proxy", description=__doc__.split("\n\n")[0])
-    p.add_argument("--pool", required=True)
+def build_parser(parent: ActionSubCommands | None = None, name: str = "bench-proxy") -> ArgumentParser:
+    """The ``bench-proxy`` command, standalone or as subcommand ``name`` of ``parent``."""
+    description = __doc__.split("\n\n")[0]
+    p = ArgumentParser(prog="python -m selection_callbacks.offline.bench_proxy", description=description)
+    p.add_argument("--pool", required=True, help="candidate documents (jsonl, parquet or a folder of text)")
     p.add_argument("--target", required=True, help="benchmark/target documents (never the val split)")
-    p.add_argument("--budget-tokens", type=int, required=True)
-    p.add_argument("--out", required=True)
-    p.add_argument("--embedder", choices=["auto", "minilm", "hashed"], default="auto")
-    a = p.parse_args(argv)
+    p.add_argument("--budget-tokens", type=int, required=True,
+                   help="keep the closest documents until they hold ≥ this many byte tokens")
+    p.add_argument("--out", required=True, help="proxy jsonl to write (id, text, domain, score)")
+    p.add_argument("--embedder", choices=["auto", "minilm", "hashed"], default="auto",
+                   help="document embeddings: minilm, hashed n-grams, or auto (MiniLM when installed, else hashed)")
+    if parent is not None:
+        parent.add_subcommand(name, p, help=description)
+    return p
+
+
+def run(a: Namespace) -> dict:
+    """Write the proxy set a ``build_parser()`` namespace describes; prints and returns the summary."""
     summary = bench_proxy(a.pool, a.target, a.budget_tokens, a.out, make_embedder(a.embedder))
     print(json.dumps(summary, indent=1))
     return summary
+
+
+def main(argv: list[str] | None = None) -> dict:
+    """``python -m selection_callbacks.offline.bench_proxy``: parse ``argv``, write the set, return the summary."""
+    return run(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

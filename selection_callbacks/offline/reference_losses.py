@@ -1,7 +1,9 @@
 """Precompute a reference model's loss on every pool sequence once, for RHO-LOSS lookups by ``sample_id``.
 
-    python -m selection_callbacks.offline.reference_losses --ckpt runs/rho_reference/reference.ckpt \
+    selection-callbacks reference-losses --ckpt runs/rho_reference/reference.ckpt \
         --pool data/default/pool.jsonl --seq-len 128 --out runs/rho_reference/pool_losses.npz
+
+(``python -m selection_callbacks.offline.reference_losses`` takes the same arguments.)
 
 The pool is packed exactly as ``PoolDataModule`` packs it (same tokenizer, same ``seq_len``, so
 sample ``s`` is the same sequence), and ℓ_ref(s) is the reference's mean token loss on it. The
@@ -12,12 +14,12 @@ or ``seq_len``.
 
 from __future__ import annotations
 
-import argparse
 import hashlib
 from pathlib import Path
 
 import numpy as np
 import torch
+from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 from tqdm.auto import tqdm
 
 from selection_callbacks.data.cache import default_cache_dir
@@ -111,22 +113,26 @@ def pack_pool(pool: str, seq_len: int, cache_dir: str | None, eot_id: int) -> Pa
     return pack_source(pool, seq_len, cache, name="pool")
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m selection_callbacks.offline.reference_losses",
-                                description=__doc__.split("\n\n")[0])
+def build_parser(parent: ActionSubCommands | None = None, name: str = "reference-losses") -> ArgumentParser:
+    """The ``reference-losses`` command, standalone or as subcommand ``name`` of ``parent``."""
+    description = __doc__.split("\n\n")[0]
+    p = ArgumentParser(prog="python -m selection_callbacks.offline.reference_losses", description=description)
     p.add_argument("--ckpt", required=True, help="reference checkpoint (train.py on the target split)")
     p.add_argument("--pool", required=True, help="the training pool, as passed to --data.pool")
     p.add_argument("--seq-len", type=int, required=True, help="the training --data.seq_len")
     p.add_argument("--out", required=True, help="output .npz")
-    p.add_argument("--batch-size", type=int, default=64)
-    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu")
+    p.add_argument("--batch-size", type=int, default=64, help="pool sequences per reference forward pass")
+    p.add_argument("--device", default="cuda" if torch.cuda.is_available() else "cpu",
+                   help="torch device the reference runs on (cuda when this machine has one)")
     p.add_argument("--cache-dir", default=None, help="packed-token cache (default: as PoolDataModule)")
     p.add_argument("--eot-id", type=int, default=50256, help="for .bin pools: the end-of-text id")
+    if parent is not None:
+        parent.add_subcommand(name, p, help=description)
     return p
 
 
-def main(argv: list[str] | None = None) -> Path:
-    args = build_parser().parse_args(argv)
+def run(args: Namespace) -> Path:
+    """Write the loss file a ``build_parser()`` namespace describes; returns its path."""
     module = load_reference(args.ckpt)
     split = pack_pool(args.pool, args.seq_len, args.cache_dir, args.eot_id)
     check_reference_fits(module, int(split.tokens.max()) + 1, args.seq_len, f"reference {args.ckpt!r}")
@@ -137,6 +143,11 @@ def main(argv: list[str] | None = None) -> Path:
         np.savez(f, loss=loss, seq_len=np.int64(args.seq_len), fingerprint=np.str_(pool_fingerprint(split)))
     print(f"wrote {out}: {len(loss)} sequences, mean reference loss {loss.mean():.4f} nats")
     return out
+
+
+def main(argv: list[str] | None = None) -> Path:
+    """``python -m selection_callbacks.offline.reference_losses``: parse ``argv``, write the file, return its path."""
+    return run(build_parser().parse_args(argv))
 
 
 if __name__ == "__main__":

@@ -28,7 +28,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from jsonargparse import ArgumentParser
+from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.data.subset import write_subset
 from selection_callbacks.offline.autodata.search import AutoDataConfig, select_autodata
@@ -150,10 +150,14 @@ def bench_select(method: str, pool: str, target: str, budget_tokens: int, seed: 
     return out
 
 
-def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m selection_callbacks.offline.select", description=__doc__.split("\n\n")[0])
+def build_parser(parent: ActionSubCommands | None = None, name: str = "select") -> ArgumentParser:
+    """The ``select`` command: one subcommand per selector, standalone or as subcommand ``name`` of ``parent``."""
+    description = __doc__.split("\n\n")[0]
+    p = ArgumentParser(prog="python -m selection_callbacks.offline.select", description=description)
+    if parent is not None:  # attached before its own subcommands, as jsonargparse requires
+        parent.add_subcommand(name, p, help=description)
     sub = p.add_subcommands(dest="method", required=True)
-    for name, spec in SELECTORS.items():
+    for method, spec in SELECTORS.items():
         a = ArgumentParser(description=spec.help)
         a.add_argument("--pool", required=True, help="candidate documents (jsonl, parquet or a folder of text)")
         a.add_argument("--target", required=True, help="documents selectors may read (never the val split)")
@@ -164,17 +168,22 @@ def build_parser() -> ArgumentParser:
         a.add_argument("--out", required=True, help="subset parquet to write")
         a.add_argument("--progress", type=bool, default=True, help="progress bars")
         a.add_class_arguments(spec.config, None)
-        sub.add_subcommand(name, a, help=spec.help)
+        sub.add_subcommand(method, a, help=spec.help)
     return p
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    parser = build_parser()
-    ns = parser.instantiate(parser.parse_args(argv))
+def run(ns: Namespace) -> dict[str, Any]:
+    """Run the selection an instantiated ``build_parser()`` namespace names; returns the summary."""
     a = ns[ns.method]
     config = SELECTORS[ns.method].config(**{f.name: a[f.name] for f in fields(SELECTORS[ns.method].config)})
     budget = Budget(tokens=a.budget_tokens, docs=a.budget_docs)
     return run_selection(ns.method, a.pool, a.target, budget, a.seed, a.out, config, a.progress)
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    """``python -m selection_callbacks.offline.select``: parse ``argv``, select, return the summary."""
+    parser = build_parser()
+    return run(parser.instantiate(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":

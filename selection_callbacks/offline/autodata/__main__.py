@@ -1,4 +1,4 @@
-"""``python -m selection_callbacks.offline.autodata`` (old path of ``selection-callbacks autodata``)."""
+"""``python -m selection_callbacks.offline.autodata``: the same command as ``selection-callbacks autodata``."""
 
 from selection_callbacks.offline.autodata.search import main
 

@@ -15,11 +15,14 @@ it was started with; resuming with others is an error). At the end, the ``final_
 are retrained under ``final_seeds`` more proxy seeds and the best mean (winner's curse discounted)
 is exported to ``<out>/best_recipe.json``; ``report.md`` and ``score_vs_trial.png`` summarise.
 
-    python -m selection_callbacks.offline.autodata search --pool data/default/pool.jsonl \
+    selection-callbacks autodata search --pool data/default/pool.jsonl \
         --target data/default/target.jsonl --budget-tokens 2048001 --trials 40 --out-dir runs/autodata
-    python -m selection_callbacks.offline.autodata search ... --proposer agent --agent-command "python agent.py"
-    python -m selection_callbacks.offline.autodata report runs/autodata runs/autodata-random
-    python -m selection_callbacks.offline.select autodata --recipe runs/autodata/best_recipe.json ...
+    selection-callbacks autodata search ... --proposer agent --agent-command "python agent.py"
+    selection-callbacks autodata report runs/autodata runs/autodata-random
+    selection-callbacks select autodata --recipe runs/autodata/best_recipe.json ...
+
+(``python -m selection_callbacks.offline.autodata`` and ``python -m selection_callbacks.offline.select``
+take the same arguments.)
 
 The selector ``autodata`` applies one recipe (a file or a preset in ``configs/recipes``) to a pool.
 Selectors read the pool and the target split only; val is never read here.
@@ -37,7 +40,7 @@ from pathlib import Path
 from typing import Any
 
 import numpy as np
-from jsonargparse import ArgumentParser
+from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 from tqdm.auto import tqdm
 
 from selection_callbacks.offline.autodata import recipe as recipe_module
@@ -304,8 +307,12 @@ class Search:
         return final
 
 
-def build_parser() -> ArgumentParser:
-    p = ArgumentParser(prog="python -m selection_callbacks.offline.autodata", description=__doc__.split("\n\n")[0])
+def build_parser(parent: ActionSubCommands | None = None, name: str = "autodata") -> ArgumentParser:
+    """The ``autodata`` command (search, report, schema), standalone or as subcommand ``name`` of ``parent``."""
+    description = __doc__.split("\n\n")[0]
+    p = ArgumentParser(prog="python -m selection_callbacks.offline.autodata", description=description)
+    if parent is not None:  # attached before its own subcommands, as jsonargparse requires
+        parent.add_subcommand(name, p, help=description)
     sub = p.add_subcommands(dest="command", required=True)
     s = ArgumentParser(description="run or resume a search")
     s.add_argument("--pool", required=True, help="candidate documents (jsonl, parquet or a folder of text)")
@@ -314,7 +321,7 @@ def build_parser() -> ArgumentParser:
     budget.add_argument("--budget-tokens", type=int, help="each recipe selects ≥ this many tokens (fewest documents)")
     budget.add_argument("--budget-docs", type=int, help="each recipe selects exactly this many documents")
     s.add_argument("--out-dir", required=True, help="trials.jsonl, final.json, best_recipe.json, report")
-    s.add_argument("--progress", type=bool, default=True)
+    s.add_argument("--progress", type=bool, default=True, help="progress bar and resume/best messages")
     s.add_class_arguments(SearchConfig, None)
     sub.add_subcommand("search", s, help="run or resume a search")
     r = ArgumentParser(description="leaderboard, feature usage and score-vs-trial plot of searches")
@@ -325,9 +332,8 @@ def build_parser() -> ArgumentParser:
     return p
 
 
-def main(argv: list[str] | None = None) -> Any:
-    parser = build_parser()
-    ns = parser.instantiate(parser.parse_args(argv))
+def run(ns: Namespace) -> Any:
+    """Run the command an instantiated ``build_parser()`` namespace names: a search, a report or the schema."""
     if ns.command == "schema":
         print(recipe_module.__doc__)
         return None
@@ -339,6 +345,12 @@ def main(argv: list[str] | None = None) -> Any:
     search = Search(load_corpus(a.pool, "pool"), load_corpus(a.target, "target"), budget, cfg, Path(a.out_dir),
                     progress=a.progress)
     return search.run()
+
+
+def main(argv: list[str] | None = None) -> Any:
+    """``python -m selection_callbacks.offline.autodata``: parse ``argv`` and run its command."""
+    parser = build_parser()
+    return run(parser.instantiate(parser.parse_args(argv)))
 
 
 if __name__ == "__main__":
