@@ -27,6 +27,7 @@ from pathlib import Path
 from typing import Any
 
 import yaml
+from jsonargparse import ArgumentParser
 
 from bench.methods import ROOT, Method, resolve
 from bench.report import write_report
@@ -248,21 +249,23 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     return results
 
 
-def build_parser() -> argparse.ArgumentParser:
-    p = argparse.ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
-    p.add_argument("--pool", required=True)
+def build_parser() -> ArgumentParser:
+    """The ``bench.compare`` flags (``bench.steptime`` builds its train.py runs through them too)."""
+    p = ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--pool", required=True, help="the training pool, passed to every run as --data.pool")
     p.add_argument("--target", required=True, help="what selectors may read")
     p.add_argument("--val", required=True, help="evaluation only")
     p.add_argument("--methods", default="random,high_loss", help="comma-separated method names")
     p.add_argument("--tokens", type=int, required=True, help="update-token budget per run")
     p.add_argument("--seeds", default="3", help="a count (0..S-1) or a comma list")
     p.add_argument("--ratio", type=float, default=0.5, help="kept fraction K/N")
-    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
+    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
+                   help="the learner's optimizer in every run")
     p.add_argument("--scale", default="cpu-tiny", help="configs/scale/<name>.yaml or a YAML path")
     p.add_argument("--evals", type=int, default=10, help="validation points per run")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per run (part of the config)")
-    p.add_argument("--out", required=True)
-    p.add_argument("extra", nargs="*", help="extra train.py flags after --, e.g. -- --model.lr 0.002")
+    p.add_argument("--out", required=True, help="folder of the runs, results.json, report.md and the plots")
+    p.add_argument("extra", nargs="*", default=[], help="extra train.py flags after --, e.g. -- --model.lr 0.002")
     return p
 
 

@@ -16,7 +16,6 @@ process high-water mark.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import resource
@@ -24,6 +23,7 @@ import time
 from pathlib import Path
 
 import numpy as np
+from jsonargparse import ArgumentParser
 
 from bench.report import write_json
 from selection_callbacks.offline.datamask import datamask
@@ -80,22 +80,28 @@ def mean_pairwise_cosine(emb: np.ndarray, idx: np.ndarray, mean: np.ndarray) -> 
     return float((total @ total - sq) / (len(idx) * (len(idx) - 1)))
 
 
+def build_parser() -> ArgumentParser:
+    """The ``bench.datamask_scale`` flags."""
+    p = ArgumentParser(prog="python -m bench.datamask_scale", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", required=True, help="result JSON to write")
+    p.add_argument("--docs", type=int, default=1_000_000, help="synthetic documents n")
+    p.add_argument("--dim", type=int, default=384, help="embedding dimension d")
+    p.add_argument("--budget", type=int, default=100_000, help="S, documents to select")
+    p.add_argument("--groups", type=int, default=128, help="G, masks sampled per iteration")
+    p.add_argument("--iterations", type=int, default=2500, help="policy-gradient iterations per chunk")
+    p.add_argument("--clusters", type=int, default=2000, help="Zipf-sized clusters the embeddings are drawn around")
+    p.add_argument("--lam", type=float, default=0.3, help="λ in f = λ·quality + (1−λ)·diversity")
+    p.add_argument("--lr", type=float, default=10.0, help="η, the logit step size")
+    p.add_argument("--prune", type=float, default=0.4, help="share of the lowest-quality documents dropped first")
+    p.add_argument("--update-fraction", type=float, default=0.05,
+                   help="share of a chunk's logits sampled from and updated per iteration")
+    p.add_argument("--chunk-size", type=int, default=100_000, help="documents per independently learned chunk")
+    p.add_argument("--seed", type=int, default=0, help="seed of the synthetic data and of DATAMASK")
+    return p
+
+
 def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench.datamask_scale", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", required=True)
-    p.add_argument("--docs", type=int, default=1_000_000)
-    p.add_argument("--dim", type=int, default=384)
-    p.add_argument("--budget", type=int, default=100_000)
-    p.add_argument("--groups", type=int, default=128)
-    p.add_argument("--iterations", type=int, default=2500, help="per chunk")
-    p.add_argument("--clusters", type=int, default=2000)
-    p.add_argument("--lam", type=float, default=0.3)
-    p.add_argument("--lr", type=float, default=10.0)
-    p.add_argument("--prune", type=float, default=0.4)
-    p.add_argument("--update-fraction", type=float, default=0.05)
-    p.add_argument("--chunk-size", type=int, default=100_000)
-    p.add_argument("--seed", type=int, default=0)
-    a = p.parse_args(argv)
+    a = build_parser().parse_args(argv)
 
     load_before = os.getloadavg()
     start = time.perf_counter()

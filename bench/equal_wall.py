@@ -19,12 +19,12 @@ large one, e.g. a reference pretrained first, needs its own accounting).
 
 from __future__ import annotations
 
-import argparse
 import json
 from pathlib import Path
 from typing import Any
 
 import numpy as np
+from jsonargparse import ArgumentParser
 
 from bench.report import crossing, fmt_relative, fmt_value, paired_test
 
@@ -83,12 +83,17 @@ def markdown(summary: dict[str, dict[str, Any]], results_path: Path, steptime_pa
     return "\n".join(lines) + "\n"
 
 
-def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
-    p = argparse.ArgumentParser(prog="python -m bench.equal_wall", description=__doc__.split("\n\n")[0])
+def build_parser() -> ArgumentParser:
+    """The ``bench.equal_wall`` arguments."""
+    p = ArgumentParser(prog="python -m bench.equal_wall", description=__doc__.split("\n\n")[0])
     p.add_argument("results", type=Path, help="a bench.compare results.json")
     p.add_argument("steptime", type=Path, help="a bench.steptime steptime.json of the same scale and optimizer")
     p.add_argument("--out", type=Path, help="write the table here (default: print it)")
-    a = p.parse_args(argv)
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
+    a = build_parser().parse_args(argv)
     results, steptime = json.loads(a.results.read_text()), json.loads(a.steptime.read_text())
     for key in ("optimizer", "ratio"):
         if key in steptime.get("config", {}) and steptime["config"][key] != results["config"][key]:

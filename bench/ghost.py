@@ -36,6 +36,7 @@ from pathlib import Path
 
 import torch
 import torch.nn.functional as F
+from jsonargparse import ArgumentParser
 
 from bench.report import write_json
 from selection_callbacks.nn.gpt import GPT, GPTConfig
@@ -203,24 +204,29 @@ def children(args: argparse.Namespace, ns: list[int]) -> list[dict]:
     return [child(argparse.Namespace(**{**vars(args), "n": n})) for n in ns]
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench.ghost", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path, required=False)
-    p.add_argument("--ns", default="16,32,64")
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--width", type=int, default=384)
-    p.add_argument("--score-len", type=int, default=64)
-    p.add_argument("--sketch-dim", type=int, default=1024)
+def build_parser() -> ArgumentParser:
+    """The ``bench.ghost`` flags (``--child`` and ``--n`` are how it runs its own timing processes)."""
+    p = ArgumentParser(prog="python -m bench.ghost", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, required=False, help="result JSON to write (default: only print it)")
+    p.add_argument("--ns", default="16,32,64", help="comma-separated candidate counts N")
+    p.add_argument("--layers", type=int, default=6, help="GPT blocks")
+    p.add_argument("--width", type=int, default=384, help="GPT width (n_embd; one head per 64)")
+    p.add_argument("--score-len", type=int, default=64, help="tokens per scored row")
+    p.add_argument("--sketch-dim", type=int, default=1024, help="sketch size m of the engine and the naive baseline")
     p.add_argument("--chunk", type=int, default=8, help="naive per-sample gradient chunk")
     p.add_argument("--engine-chunk", type=int, default=16, help="engine candidates per pass (0: one pass over all rows)")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per process (after a first call)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing processes per variant")
-    p.add_argument("--threads", type=int, default=2)
-    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu")
+    p.add_argument("--threads", type=int, default=2, help="torch threads of each timing process")
+    p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model and the scoring run")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="autocast dtype on cuda")
-    p.add_argument("--child", choices=list(VARIANTS))
-    p.add_argument("--n", type=int, default=64)
-    args = p.parse_args(argv)
+    p.add_argument("--child", choices=list(VARIANTS), help="internal: time this one variant here and print its JSON")
+    p.add_argument("--n", type=int, default=64, help="internal: the child's candidate count (CPU; CUDA covers --ns)")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
     ns = [int(x) for x in args.ns.split(",")]
     if args.child:
         print(json.dumps(children(args, ns) if args.device == "cuda" else child(args)))

@@ -7,10 +7,11 @@ Rewrites the block between ``<!-- headline:NAME:start -->`` and ``<!-- headline:
 
 from __future__ import annotations
 
-import argparse
 import json
 import re
 from pathlib import Path
+
+from jsonargparse import ArgumentParser
 
 from bench.report import fmt_relative, summarize
 
@@ -54,12 +55,17 @@ def rewrite(readme: Path, name: str, block: str) -> str:
     return pattern.sub(lambda _: f"{start}\n{block}\n{end}", text)
 
 
-def main(argv: list[str] | None = None) -> None:
-    p = argparse.ArgumentParser(prog="python -m bench.headline", description=__doc__.split("\n\n")[0])
-    p.add_argument("results", type=Path)
+def build_parser() -> ArgumentParser:
+    """The ``bench.headline`` arguments."""
+    p = ArgumentParser(prog="python -m bench.headline", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path, help="the bench.compare results.json the figures come from")
     p.add_argument("--block", required=True, help="the README block to rewrite")
-    p.add_argument("--readme", type=Path, default=Path("README.md"))
-    a = p.parse_args(argv)
+    p.add_argument("--readme", type=Path, default=Path("README.md"), help="the README rewritten in place")
+    return p
+
+
+def main(argv: list[str] | None = None) -> None:
+    a = build_parser().parse_args(argv)
     a.readme.write_text(rewrite(a.readme, a.block, headline(a.results)))
 
 

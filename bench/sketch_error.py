@@ -18,6 +18,7 @@ import json
 from pathlib import Path
 
 import torch
+from jsonargparse import ArgumentParser
 
 from bench.ghost import per_sample_weight_grads, setup
 from bench.report import write_json
@@ -46,16 +47,21 @@ def sketch(PG: dict[str, torch.Tensor], m: int, seed: int, layout: str) -> torch
     return out
 
 
-def main(argv: list[str] | None = None) -> dict:
-    p = argparse.ArgumentParser(prog="python -m bench.sketch_error", description=__doc__.split("\n\n")[0])
-    p.add_argument("--out", type=Path)
+def build_parser() -> ArgumentParser:
+    """The ``bench.sketch_error`` flags."""
+    p = ArgumentParser(prog="python -m bench.sketch_error", description=__doc__.split("\n\n")[0])
+    p.add_argument("--out", type=Path, help="result JSON to write (default: only return it)")
     p.add_argument("--n", type=int, default=8, help="candidates")
-    p.add_argument("--ms", default="256,512,1024")
-    p.add_argument("--seeds", type=int, default=20)
-    p.add_argument("--layers", type=int, default=6)
-    p.add_argument("--width", type=int, default=384)
-    p.add_argument("--score-len", type=int, default=16)
-    args = p.parse_args(argv)
+    p.add_argument("--ms", default="256,512,1024", help="comma-separated sketch sizes m")
+    p.add_argument("--seeds", type=int, default=20, help="hash seeds per sketch size")
+    p.add_argument("--layers", type=int, default=6, help="GPT blocks")
+    p.add_argument("--width", type=int, default=384, help="GPT width (n_embd; one head per 64)")
+    p.add_argument("--score-len", type=int, default=16, help="tokens per scored row")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict:
+    args = build_parser().parse_args(argv)
     model, opt, rows = setup(argparse.Namespace(**vars(args), device="cpu"))
     PG = preconditioned_grads(model, opt, rows, args.n)
     flat = torch.cat([g.flatten(1) for g in PG.values()], 1)

@@ -13,7 +13,6 @@ Writes ``steptime.json`` and ``steptime.md`` into ``--out``.
 
 from __future__ import annotations
 
-import argparse
 import json
 import os
 import statistics
@@ -21,6 +20,8 @@ import subprocess
 import sys
 from pathlib import Path
 from typing import Any
+
+from jsonargparse import ArgumentParser
 
 from bench.compare import Plan, build_parser as compare_parser, resolve_variants
 from bench.methods import ROOT
@@ -42,21 +43,27 @@ def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
     }
 
 
-def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = argparse.ArgumentParser(prog="python -m bench.steptime", description=__doc__.split("\n\n")[0])
-    p.add_argument("--pool", required=True)
-    p.add_argument("--target", required=True)
-    p.add_argument("--val", required=True)
+def build_parser() -> ArgumentParser:
+    """The ``bench.steptime`` flags."""
+    p = ArgumentParser(prog="python -m bench.steptime", description=__doc__.split("\n\n")[0])
+    p.add_argument("--pool", required=True, help="the training pool, passed to every run as --data.pool")
+    p.add_argument("--target", required=True, help="the target split (what selectors may read)")
+    p.add_argument("--val", required=True, help="the validation split (the runs' evaluation points)")
     p.add_argument("--methods", required=True, help="comma-separated, random included; name@arg=value variants")
-    p.add_argument("--steps", type=int, default=120)
+    p.add_argument("--steps", type=int, default=120, help="training steps per run")
     p.add_argument("--evals", type=int, default=4, help="validation points per run (the slope's support)")
-    p.add_argument("--repeats", type=int, default=3)
-    p.add_argument("--ratio", type=float, default=0.5)
-    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
-    p.add_argument("--scale", default="cpu-tiny")
-    p.add_argument("--threads", type=int, default=1)
-    p.add_argument("--out", required=True)
-    a = p.parse_args(argv)
+    p.add_argument("--repeats", type=int, default=3, help="interleaved repeats, each running every method once")
+    p.add_argument("--ratio", type=float, default=0.5, help="kept fraction K/N")
+    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
+                   help="the learner's optimizer in every run")
+    p.add_argument("--scale", default="cpu-tiny", help="configs/scale/<name>.yaml or a YAML path")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads per run")
+    p.add_argument("--out", required=True, help="folder of the runs, steptime.json and steptime.md")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    a = build_parser().parse_args(argv)
     names = [s.strip() for s in a.methods.split(",") if s.strip()]
     methods, overrides = resolve_variants(names)
     if any(m.offline for m in methods):
