@@ -28,6 +28,7 @@ from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.callbacks.ledger_writer import SelectionLedger
 from selection_callbacks.callbacks.recorder import RunRecorder
 from selection_callbacks.data.datamodule import PoolDataModule
+import selection_callbacks.methods  # noqa: F401  (registers the methods, so --selection RandomSelection resolves)
 
 
 class SelectionCLI(LightningCLI):

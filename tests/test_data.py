@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from selection_callbacks.data.datamodule import PoolDataModule, candidates_per_rank as superbatch_size
+from selection_callbacks.data.datamodule import PoolDataModule, superbatch_size
 from selection_callbacks.data.loader import SuperbatchLoader
 from selection_callbacks.data.packing import pack_source
 from selection_callbacks.data.readers import DataSourceError, iter_documents

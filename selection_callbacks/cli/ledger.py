@@ -24,6 +24,7 @@ import numpy as np
 import pyarrow as pa
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
+from selection_callbacks.core.arguments import command_parser
 from selection_callbacks.core.ledger_store import LedgerError, read_ledger, read_meta
 from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.packing import pack_source
@@ -141,9 +142,7 @@ def _doc_lookup(meta: dict[str, Any]) -> tuple[Callable[[int], list[str]] | None
 def build_parser(parent: ActionSubCommands | None = None, name: str = "ledger") -> ArgumentParser:
     """The ``ledger`` command (``export``, ``summary``), standalone or as subcommand ``name`` of ``parent``."""
     description = __doc__.splitlines()[0]
-    parser = ArgumentParser(prog="python -m selection_callbacks.cli.ledger", description=description)
-    if parent is not None:  # attached before its own subcommands, as jsonargparse requires
-        parent.add_subcommand(name, parser, help=description)
+    parser = command_parser("selection-callbacks ledger", description, parent, name)
     commands = parser.add_subcommands(dest="command", required=True)
     export = ArgumentParser(description="write the selected sample ids (+ counts as weight) as a subset file")
     export.add_argument("run_dir", help="the run folder (holding ledger/) or the ledger folder")

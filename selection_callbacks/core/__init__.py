@@ -3,8 +3,8 @@
 ``contract`` (the superbatch dict: its size, per-sample keys, in-place subsetting), ``selection``
 (the pure selection: scores in, chosen rows out; ``Scores``, ``SelectionRecord``), ``sampling``
 (the rules: top-K, Gumbel-top-K, uniform, sequential Boltzmann), ``rng`` (per-micro-batch
-generators), ``domains`` (codes to names), ``io`` (atomic writes), ``ledger_store`` (the ledger's
+generators), ``arguments`` (pieces the command-line tools share), ``domains`` (codes to names), ``io`` (atomic writes), ``ledger_store`` (the ledger's
 parquet shards).
 """
 
-__all__ = ["contract", "domains", "io", "ledger_store", "rng", "sampling", "selection"]
+__all__ = ["arguments", "contract", "domains", "io", "ledger_store", "rng", "sampling", "selection"]

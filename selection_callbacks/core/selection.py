@@ -1,4 +1,4 @@
-"""The selection itself, without a Trainer: scores in, the chosen rows and their record out.
+"""The selection itself, without a Trainer: scores in, the chosen indices and inclusion probabilities out.
 
 :func:`select` is what :class:`selection_callbacks.callbacks.base.SelectionCallback` runs on the
 (gathered) scores of each micro-batch; a test or another framework calls it directly.

@@ -30,6 +30,7 @@ from typing import Any
 import numpy as np
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
+from selection_callbacks.core.arguments import add_pool_arguments, command_parser
 from selection_callbacks.data.subset import write_subset
 from selection_callbacks.offline.autodata.search import AutoDataConfig, select_autodata
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
@@ -153,17 +154,12 @@ def bench_select(method: str, pool: str, target: str, budget_tokens: int, seed: 
 def build_parser(parent: ActionSubCommands | None = None, name: str = "select") -> ArgumentParser:
     """The ``select`` command: one subcommand per selector, standalone or as subcommand ``name`` of ``parent``."""
     description = __doc__.split("\n\n")[0]
-    p = ArgumentParser(prog="python -m selection_callbacks.offline.select", description=description)
-    if parent is not None:  # attached before its own subcommands, as jsonargparse requires
-        parent.add_subcommand(name, p, help=description)
+    p = command_parser("python -m selection_callbacks.offline.select", description, parent, name)
     sub = p.add_subcommands(dest="method", required=True)
     for method, spec in SELECTORS.items():
         a = ArgumentParser(description=spec.help)
-        a.add_argument("--pool", required=True, help="candidate documents (jsonl, parquet or a folder of text)")
-        a.add_argument("--target", required=True, help="documents selectors may read (never the val split)")
-        budget = a.add_mutually_exclusive_group(required=True)
-        budget.add_argument("--budget-tokens", type=int, help="select ≥ this many tokens (fewest documents)")
-        budget.add_argument("--budget-docs", type=int, help="select exactly this many documents")
+        add_pool_arguments(a, "documents selectors may read (never the val split)",
+                           "select ≥ this many tokens (fewest documents)", "select exactly this many documents")
         a.add_argument("--seed", type=int, default=0, help="selection seed")
         a.add_argument("--out", required=True, help="subset parquet to write")
         a.add_argument("--progress", type=bool, default=True, help="progress bars")

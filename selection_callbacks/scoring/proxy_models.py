@@ -10,7 +10,6 @@ from __future__ import annotations
 
 import math
 from collections.abc import MutableMapping
-from pathlib import Path
 from typing import Any
 
 import numpy as np
@@ -20,6 +19,8 @@ import torch.nn as nn
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.core.rng import derived_seed
 from selection_callbacks.scoring.losses import per_sample_loss, sequence_means, token_losses
+
+__all__ = ["CostMeter", "Proxy", "ProxyLM", "check_reference_fits", "padded_vocab", "pretrain_on_target", "seeded_proxy"]
 
 
 class ProxyLM(nn.Module):

@@ -43,6 +43,7 @@ import numpy as np
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 from tqdm.auto import tqdm
 
+from selection_callbacks.core.arguments import add_pool_arguments, command_parser
 from selection_callbacks.offline.autodata import recipe as recipe_module
 from selection_callbacks.offline.autodata.proposers import ProposalError, Proposer, SubsetProfile, make_proposer
 from selection_callbacks.offline.autodata.report import write_report
@@ -310,16 +311,12 @@ class Search:
 def build_parser(parent: ActionSubCommands | None = None, name: str = "autodata") -> ArgumentParser:
     """The ``autodata`` command (search, report, schema), standalone or as subcommand ``name`` of ``parent``."""
     description = __doc__.split("\n\n")[0]
-    p = ArgumentParser(prog="python -m selection_callbacks.offline.autodata", description=description)
-    if parent is not None:  # attached before its own subcommands, as jsonargparse requires
-        parent.add_subcommand(name, p, help=description)
+    p = command_parser("python -m selection_callbacks.offline.autodata", description, parent, name)
     sub = p.add_subcommands(dest="command", required=True)
     s = ArgumentParser(description="run or resume a search")
-    s.add_argument("--pool", required=True, help="candidate documents (jsonl, parquet or a folder of text)")
-    s.add_argument("--target", required=True, help="the split trials are scored on (never the val split)")
-    budget = s.add_mutually_exclusive_group(required=True)
-    budget.add_argument("--budget-tokens", type=int, help="each recipe selects ≥ this many tokens (fewest documents)")
-    budget.add_argument("--budget-docs", type=int, help="each recipe selects exactly this many documents")
+    add_pool_arguments(s, "the split trials are scored on (never the val split)",
+                       "each recipe selects ≥ this many tokens (fewest documents)",
+                       "each recipe selects exactly this many documents")
     s.add_argument("--out-dir", required=True, help="trials.jsonl, final.json, best_recipe.json, report")
     s.add_argument("--progress", type=bool, default=True, help="progress bar and resume/best messages")
     s.add_class_arguments(SearchConfig, None)
