@@ -10,10 +10,10 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-__all__ = ["atomic_path", "temp_sibling", "write_json_atomic"]
+__all__ = ["atomic_path", "write_json_atomic"]
 
 
-def temp_sibling(path: Path, suffix: str = "") -> Path:
+def _temp_sibling(path: Path, suffix: str = "") -> Path:
     """``<path>.tmp<pid><suffix>``: a per-process temporary name beside ``path``."""
     return path.with_name(f"{path.name}.tmp{os.getpid()}{suffix}")
 
@@ -28,7 +28,7 @@ def atomic_path(path: str | Path, suffix: str = "", keep_existing: bool = False)
     another process finished first stays, and this one's copy is dropped.
     """
     path = Path(path)
-    tmp = temp_sibling(path, suffix)
+    tmp = _temp_sibling(path, suffix)
     try:
         yield tmp
         try:

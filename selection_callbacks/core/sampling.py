@@ -20,6 +20,8 @@ __all__ = [
     "gumbel_noise", "gumbel_order", "make_rule",
 ]
 
+_NUMPY_FLOATS = {torch.float32: np.float32, torch.float64: np.float64}
+
 
 def gumbel_noise(
     shape: tuple[int, ...], generator: torch.Generator | np.random.Generator, dtype: torch.dtype = torch.float64
@@ -38,7 +40,7 @@ def gumbel_noise(
     its own stream with numpy's ``log``, which no torch computation reproduces bit for bit.
     """
     if isinstance(generator, np.random.Generator):
-        e = torch.from_numpy(generator.standard_exponential(shape, dtype=torch.empty(0, dtype=dtype).numpy().dtype))
+        e = torch.from_numpy(generator.standard_exponential(shape, dtype=_NUMPY_FLOATS[dtype]))
         return e.log_().neg_()
     u = torch.rand(shape, generator=generator, dtype=torch.float64).clamp_(1e-12, 1 - 1e-12)
     return (-torch.log(-torch.log(u))).to(dtype)
