@@ -10,7 +10,8 @@ wall-clock. Finished runs are skipped on re-run. Writes ``results.json``, ``repo
 
 A method name may carry selection-argument overrides for sweeps, ``name@arg=value[@arg=value]``:
 ``opus@temperature=0.5`` runs ``opus`` with ``--selection.init_args.temperature 0.5`` (and is
-reported under that name).
+reported under that name). For an offline method the overrides set its selector's config, dotted
+into nested settings: ``datamask@bank.proxy_tokens=null`` selects with a full-pass feature bank.
 """
 
 from __future__ import annotations
@@ -51,8 +52,6 @@ def resolve_variants(names: list[str]) -> tuple[list[Method], dict[str, list[tup
     methods, overrides = [], {}
     for name, base in zip(names, bases):
         _, extra = split_variant(name)
-        if extra and base.offline:
-            raise SystemExit(f"{name!r}: overrides apply to online methods only")
         methods.append(dataclasses.replace(base, name=name))
         overrides[name] = extra
     return methods, overrides
@@ -138,7 +137,7 @@ class Plan:
         cmd += ["--trainer.default_root_dir", str(self.run_dir(method, seed)), "--trainer.enable_progress_bar", "false"]
         if subset:
             cmd += ["--data.subset", str(subset)]
-        for key, value in self.overrides.get(method.name, []):
+        for key, value in [] if method.offline else self.overrides.get(method.name, []):
             cmd += [f"--selection.init_args.{key}", value]
         return cmd + list(a.extra)
 
@@ -163,18 +162,22 @@ def prepare_offline(plan: Plan, method: Method, seed: int) -> tuple[Path, float]
     folder.mkdir(parents=True, exist_ok=True)
     budget = plan.steps * plan.tokens_per_step  # tokens the run will train on
     start = time.perf_counter()
-    subset = method.select(plan.args.pool, plan.args.target, budget, seed, folder)
+    overrides = plan.overrides.get(method.name, [])
+    subset = method.select(plan.args.pool, plan.args.target, budget, seed, folder, *([overrides] if overrides else []))
     seconds = time.perf_counter() - start
     done.write_text(json.dumps({"subset": str(subset), "seconds": seconds, "identity": identity}))
     return subset, seconds
 
 
 def method_identity(plan: Plan, method: Method) -> str:
-    """What a run of ``method`` trained with: its method config's text and overrides (not in the config hash)."""
+    """What a run of ``method`` trained with: its method config's text (an offline selector's inputs) and
+    overrides (not in the config hash)."""
+    overrides = "".join(f"override {k}={v}\n" for k, v in plan.overrides.get(method.name, []))
     if method.offline:
-        return f"offline selector {method.name}\n" + "".join(f"{f}:\n{(ROOT / f).read_text()}" for f in method.inputs)
-    text = (ROOT / (method.config or "configs/method/random.yaml")).read_text()
-    return text + "".join(f"override {k}={v}\n" for k, v in plan.overrides.get(method.name, []))
+        inputs = "".join(f"{f}:\n{(ROOT / f).read_text()}" for f in method.inputs)
+        settings = f"settings {method.settings(plan.overrides.get(method.name, []))}\n" if method.settings else ""
+        return f"offline selector {method.name}\n" + inputs + settings + overrides
+    return (ROOT / (method.config or "configs/method/random.yaml")).read_text() + overrides
 
 
 def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:

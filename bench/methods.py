@@ -13,11 +13,12 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from selection_callbacks.offline.select import bench_select
+from selection_callbacks.offline.select import bench_select, selector_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
-OfflineSelector = Callable[[str, str, int, int, Path], Path]
+OfflineSelector = Callable[..., Path]
+"""``(pool, target, budget_tokens, seed, out_dir[, overrides]) -> subset file``."""
 
 
 @dataclass(frozen=True)
@@ -30,12 +31,15 @@ class Method:
         select: offline: the selector that writes a subset file.
         inputs: offline: files (relative to the repository root) the selector reads besides the
             data, e.g. a recipe; their text is part of the method's identity.
+        settings: offline: overrides → the selector's effective config as text, part of the
+            method's identity (a changed default reselects instead of reusing a stale subset).
     """
 
     name: str
     config: str | None = None
     select: OfflineSelector | None = None
     inputs: tuple[str, ...] = ()
+    settings: Callable[[list[tuple[str, str]]], str] | None = None
 
     @property
     def offline(self) -> bool:
@@ -54,13 +58,14 @@ REGISTRY: dict[str, Method] = {
     "classact": Method("classact", config="configs/method/classact.yaml"),
     "classact_report": Method("classact_report", config="configs/method/classact_report.yaml"),
     # offline: the subset holds the tokens the run trains on (selection_callbacks.offline.select)
-    "dsir": Method("dsir", select=partial(bench_select, "dsir")),
-    "warmup_delta": Method("warmup_delta", select=partial(bench_select, "warmup_delta")),
-    "policy": Method("policy", select=partial(bench_select, "policy")),
-    "datamask": Method("datamask", select=partial(bench_select, "datamask")),
+    "dsir": Method("dsir", select=partial(bench_select, "dsir"), settings=partial(selector_settings, "dsir")),
+    "warmup_delta": Method("warmup_delta", select=partial(bench_select, "warmup_delta"), settings=partial(selector_settings, "warmup_delta")),
+    "policy": Method("policy", select=partial(bench_select, "policy"), settings=partial(selector_settings, "policy")),
+    "datamask": Method("datamask", select=partial(bench_select, "datamask"), settings=partial(selector_settings, "datamask")),
     # the recipe exported by the AutoData search (bench/results/autodata), applied with each seed
     "autodata": Method(
-        "autodata", select=partial(bench_select, "autodata"), inputs=("configs/recipes/autodata_best.json",)
+        "autodata", select=partial(bench_select, "autodata"), inputs=("configs/recipes/autodata_best.json",),
+        settings=partial(selector_settings, "autodata"),
     ),
 }
 

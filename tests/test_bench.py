@@ -252,3 +252,52 @@ def test_sketch_error_compares_block_and_shared_layouts(tmp_path) -> None:
     for row in out["per_m"]:
         assert 0 < row["blocks_rel_error"] < 1 and 0 < row["shared_rel_error"] < 1
     assert large["blocks_rel_error"] < small["blocks_rel_error"]  # more bins per layer, less error
+
+
+def test_offline_variants_set_the_selector_config(tiny_corpus, tmp_path) -> None:
+    """``datamask@bank.proxy_tokens=null``: the override reaches the selector, its identity and nothing else."""
+    from selection_callbacks.offline.datamask import DatamaskConfig
+    from selection_callbacks.offline.select import SelectionError, config_with
+
+    cfg = config_with(DatamaskConfig(), [("bank.proxy_tokens", "null"), ("lam", "0.5"), ("embedder", "hashed")])
+    assert cfg.bank.proxy_tokens is None and cfg.lam == 0.5 and cfg.embedder == "hashed"
+    assert DatamaskConfig().bank.proxy_tokens is not None  # defaults untouched
+    with pytest.raises(SelectionError, match="has no option 'proxy_token'"):
+        config_with(DatamaskConfig(), [("bank.proxy_token", "1")])
+
+    seen = []
+
+    def recording(pool, target, budget, seed, out, overrides=()):
+        seen.append(list(overrides))
+        return first_docs_selector(pool, target, budget, seed, out)
+
+    REGISTRY["recorded"] = Method("recorded", select=recording, settings=lambda ov: f"settings {ov}")
+    try:
+        methods, overrides = bench_compare.resolve_variants(["random", "recorded", "recorded@bank.proxy_tokens=null"])
+    finally:
+        del REGISTRY["recorded"]
+    scale = tmp_path / "tiny.yaml"
+    scale.write_text(TINY_SCALE)
+    plan = bench_compare.Plan(bench_compare.build_parser().parse_args(_args(tiny_corpus, tmp_path / "o", scale, "random")))
+    plan.overrides = overrides
+    plain, variant = methods[1], methods[2]
+    bench_compare.prepare_offline(plan, plain, 0)
+    bench_compare.prepare_offline(plan, variant, 0)
+    assert seen == [[], [("bank.proxy_tokens", "null")]]
+    assert bench_compare.method_identity(plan, plain) != bench_compare.method_identity(plan, variant)
+    assert "settings [('bank.proxy_tokens', 'null')]" in bench_compare.method_identity(plan, variant)
+    assert not any(a.startswith("--selection") for a in plan.train_command(variant, 0, tmp_path / "s.parquet"))
+
+
+def test_feature_bank_budget_table(tiny_corpus, tmp_path) -> None:
+    from bench import feature_bank as fb
+
+    x = np.array([0.3, 1.0, np.nan, 2.0, -1.0])
+    assert fb.spearman(x, x**3) == pytest.approx(1.0) and fb.spearman(x, -x) == pytest.approx(-1.0)
+    out = fb.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--budgets", "2048",
+                   "--subset-tokens", "5000", "--out", str(tmp_path / "b.json")])
+    ref, noise, budget = out["rows"]
+    assert ref["proxy_tokens"] is None and ref["warmup_delta_subset_kept"] == 1.0 and ref["spearman_delta"] == pytest.approx(1)
+    assert noise["seed"] == 1 and noise["spearman_delta"] < 1.0
+    assert budget["proxy_tokens"] == 2048 and budget["share"] < 1.0 and "| 2,048 |" in out["table"]
+    assert json.loads((tmp_path / "b.json").read_text())["rows"] == out["rows"]

@@ -2,11 +2,14 @@
 
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 import pytest
 import torch
 import torch.nn.functional as F
 
+from selection_callbacks.core.costs import StageCosts
 from selection_callbacks.offline import features as features_mod
 from selection_callbacks.offline.corpus import Budget, SelectionError, gumbel_order, load_corpus
 from selection_callbacks.offline.dsir import DSIRConfig
@@ -142,3 +145,42 @@ def test_feature_bank_columns_and_cache(tiny_corpus, monkeypatch) -> None:
     monkeypatch.setattr(features_mod, "compute_features", lambda *a, **k: pytest.fail("recomputed a cached bank"))
     again = feature_bank(pool, target, TINY_BANK, progress=False)
     np.testing.assert_array_equal(again.columns["delta"], c["delta"])
+
+
+def test_bank_proxy_trains_on_its_token_budget_and_reports_its_costs(tiny_corpus, capsys) -> None:
+    """The proxy takes ⌈budget / (batch·T)⌉ steps of windows sampled from the pool; every document is scored."""
+    pool, target = load_corpus(tiny_corpus["pool"]), load_corpus(tiny_corpus["target"], "target")
+    per_step = TINY_PROXY.batch_size * TINY_PROXY.seq_len
+    cfg = dataclasses.replace(TINY_BANK, proxy_tokens=3 * per_step - 5)
+    bank = features_mod.compute_features(pool, target, cfg, progress=False)
+    sample = bank.meta["proxy_sample"]
+    one_pass = pack_documents([pool.tokens(i) for i in range(len(pool))], TINY_PROXY.seq_len).n_windows
+    assert sample["steps"] == 3 and sample["tokens"] == 3 * per_step and sample["pool_windows"] == one_pass
+    assert sample["share"] == pytest.approx(3 * TINY_PROXY.batch_size / one_pass) and sample["seed"] == cfg.seed
+    assert np.isfinite(bank.columns["delta"]).all()  # sampled or not, every document has its Δ
+    assert set(bank.meta["costs"]) == {"text", "pack", "proxy", "dsir", "embed", "kmeans"}
+    assert {"train_seconds", "score_seconds"} <= set(bank.meta["costs"]["proxy"])
+    assert all(c["seconds"] >= 0 and c["peak_rss_mb"] > 0 for c in bank.meta["costs"].values())
+    printed = capsys.readouterr().out
+    assert f"proxy trained on {3 * per_step:,} tokens" in printed and "[feature bank] total" in printed
+    # a budget past one pass trains one pass; None is one pass
+    full = dataclasses.replace(TINY_BANK, proxy_tokens=None)
+    stream = pack_documents([pool.tokens(i) for i in range(len(pool))], TINY_PROXY.seq_len)
+    assert features_mod.proxy_budget(stream, full) == one_pass * TINY_PROXY.seq_len
+    assert features_mod.proxy_budget(stream, dataclasses.replace(full, proxy_tokens=10**12)) == one_pass * 64
+    with pytest.raises(ValueError, match="proxy_tokens must be ≥ 1"):
+        features_mod.proxy_budget(stream, dataclasses.replace(full, proxy_tokens=0))
+
+
+def test_stage_costs_see_a_stage_allocation() -> None:
+    costs = StageCosts()
+    with costs.stage("small"):
+        np.ones(1000)
+    with costs.stage("big"):
+        block = np.ones(200_000_000 // 8)  # 200 MB, touched
+        block += 1
+    del block
+    assert set(costs.stages) == {"small", "big"}
+    assert costs.stages["big"]["peak_rss_mb"] >= costs.stages["small"]["peak_rss_mb"] + 150 or not costs.per_stage_peak
+    assert costs.stages["big"]["peak_rss_mb"] > 200
+    assert "[t] big" in costs.table("t") and costs.seconds == pytest.approx(sum(s["seconds"] for s in costs.stages.values()))

@@ -6,8 +6,11 @@ English technical prose only; the *pool* mixes every domain. All inputs come
 from files that every CPython installation ships, so the build is offline and,
 for a given installation and seed, byte-for-byte reproducible.
 
-Usage: ``selection-callbacks corpus --out DIR [--seed 0] [--force]`` (or
-``python -m selection_callbacks.data.default_corpus`` with the same arguments)
+Usage: ``selection-callbacks corpus --out DIR [--seed 0] [--force] [--pool-mb MB]`` (or
+``python -m selection_callbacks.data.default_corpus`` with the same arguments). ``--pool-mb``
+resamples the pool to that many MB (spans of its documents, see
+:mod:`selection_callbacks.data.resampled_pool`): a pool of any size for scale tests, with the same
+target and val splits.
 """
 
 from __future__ import annotations
@@ -33,6 +36,8 @@ from itertools import chain, count
 from pathlib import Path
 
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
+
+from selection_callbacks.data.resampled_pool import resample_pool
 
 FORMAT_VERSION = 1
 SPLITS = ("pool", "target", "val")
@@ -483,9 +488,10 @@ def _stats(docs: list[Doc]) -> dict[str, dict[str, int]]:
     return stats
 
 
-def _card(splits: dict[str, list[Doc]], seed: int, hashes: dict[str, str]) -> dict:
+def _card(splits: dict[str, list[Doc]], seed: int, hashes: dict[str, str], pool_mb: float | None) -> dict:
     return {
         "format_version": FORMAT_VERSION,
+        "pool_mb": pool_mb,
         "python_implementation": platform.python_implementation(),
         "python_version": platform.python_version(),
         "unicode_version": unicodedata.unidata_version,
@@ -506,10 +512,12 @@ def read_card(out_dir: str | Path) -> dict | None:
     return card if isinstance(card, dict) else None
 
 
-def is_up_to_date(out_dir: str | Path, seed: int) -> bool:
-    """True when out_dir holds a complete build for this seed and interpreter."""
+def is_up_to_date(out_dir: str | Path, seed: int, pool_mb: float | None = None) -> bool:
+    """True when out_dir holds a complete build for this seed, pool size and interpreter."""
     out, card = Path(out_dir), read_card(out_dir)
     if card is None or card.get("seed") != seed or card.get("format_version") != FORMAT_VERSION:
+        return False
+    if card.get("pool_mb") != pool_mb:
         return False
     if card.get("python_version") != platform.python_version():
         return False
@@ -517,22 +525,27 @@ def is_up_to_date(out_dir: str | Path, seed: int) -> bool:
     return all((out / f).is_file() and hashes.get(f) == _sha256(out / f) for f in SPLIT_FILES.values())
 
 
-def build_default_corpus(out_dir: str | Path, seed: int = 0, force: bool = False) -> dict:
+def build_default_corpus(
+    out_dir: str | Path, seed: int = 0, force: bool = False, pool_mb: float | None = None
+) -> dict:
     """Write pool/target/val jsonl files and card.json to out_dir; return the card.
 
-    An existing up-to-date build (same seed, interpreter and file hashes) is kept unless `force`.
+    ``pool_mb`` resamples the pool to that many MB (None: the pool as built). An existing
+    up-to-date build (same seed, pool size, interpreter and file hashes) is kept unless `force`.
     """
     out = Path(out_dir)
-    if not force and is_up_to_date(out, seed):
+    if not force and is_up_to_date(out, seed, pool_mb):
         return read_card(out)
     out.mkdir(parents=True, exist_ok=True)
     splits = build_splits(seed)
+    if pool_mb is not None:
+        splits["pool"] = resample_pool(splits["pool"], pool_mb, seed)
     hashes = {}
     for split, filename in SPLIT_FILES.items():
         payload = _jsonl(splits[split])
         (out / filename).write_bytes(payload)
         hashes[filename] = hashlib.sha256(payload).hexdigest()
-    card = _card(splits, seed, hashes)
+    card = _card(splits, seed, hashes, pool_mb)
     (out / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8", newline="\n")
     return card
 
@@ -561,6 +574,8 @@ def build_parser(parent: ActionSubCommands | None = None, name: str = "corpus") 
     parser.add_argument("--out", required=True, help="output directory")
     parser.add_argument("--seed", type=int, default=0, help="seed for sampling and splitting")
     parser.add_argument("--force", action="store_true", help="rebuild even if up to date")
+    parser.add_argument("--pool-mb", type=float | None, default=None,
+                        help="resample the pool to this many MB (10^6 UTF-8 bytes); default: the pool as built")
     if parent is not None:
         parent.add_subcommand(name, parser, help=description)
     return parser
@@ -569,12 +584,12 @@ def build_parser(parent: ActionSubCommands | None = None, name: str = "corpus") 
 def run(args: Namespace) -> int:
     """Build (or keep) the corpus a ``build_parser()`` namespace describes and print its card; 0."""
     out = Path(args.out)
-    if not args.force and is_up_to_date(out, args.seed):
+    if not args.force and is_up_to_date(out, args.seed, args.pool_mb):
         print(f"{out}: up to date (seed {args.seed})")
         card = read_card(out)
     else:
         start = time.perf_counter()
-        card = build_default_corpus(out, args.seed, force=True)
+        card = build_default_corpus(out, args.seed, force=True, pool_mb=args.pool_mb)
         print(f"built default corpus in {time.perf_counter() - start:.1f}s -> {out}")
     print(render_card_markdown(card))
     return 0

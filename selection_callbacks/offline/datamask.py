@@ -439,7 +439,8 @@ class DatamaskConfig:
         chunk_size: documents per independently learned chunk.
         diversity: ``pairwise`` or ``facility``.
         quality: ``features`` (the feature bank, :func:`bank_quality`; computed and cached on first
-            use, which trains a small proxy over the pool) or ``heuristic`` (:func:`heuristic_quality`).
+            use, which trains a small proxy on a sample of the pool) or ``heuristic``
+            (:func:`heuristic_quality`).
         embedder: embeddings of the diversity term: ``auto`` (MiniLM when installed), ``minilm``, ``hashed``.
         bank: the feature bank's settings (the defaults share one cached bank with warmup_delta and policy).
     """

@@ -10,10 +10,12 @@ Columns (D rows, in pool order):
 - ``bos_per_seq``: T / n_tokens, boundary (BOS) tokens per training window of T tokens that the
   document brings when packed (a length transform; the report's "BOS count" per sequence).
 - ``log_freq``: mean over the document's bytes of log p_pool(byte), the pool's smoothed unigram.
-- ``loss_early``, ``loss_final``, ``bpb_early``, ``bpb_final``: a proxy GPT trained one pass over
-  the pool, scored at ``early_fraction`` of its steps and at the end (nats per byte, bits per byte;
-  the first ``score_tokens`` tokens of each document); ``delta`` = loss_early − loss_final, the
-  warmup-delta score.
+- ``loss_early``, ``loss_final``, ``bpb_early``, ``bpb_final``: a proxy GPT trained on a sample of
+  the pool (``proxy_tokens`` tokens of whole training windows drawn uniformly without replacement,
+  seeded by ``seed``; one pass over the pool when the budget covers it or is None), scored by
+  forward passes at ``early_fraction`` of its steps and at the end (nats per byte, bits per byte;
+  the first ``score_tokens`` tokens of every document, sampled or not); ``delta`` = loss_early −
+  loss_final, the warmup-delta score.
 - ``grad_align``: cosine of the document's output-head gradient with the target's mean
   output-head gradient under the final proxy (see :func:`proxy_train.score_documents`).
 - ``dsir``: DSIR log importance to the target per n-gram (length-normalised log w).
@@ -21,29 +23,37 @@ Columns (D rows, in pool order):
 
 Everything is computed once per (pool file, target file, settings) and cached as ``.npz`` under
 ``<cache_dir>/features/``; the proxy and k-means use ``FeatureConfig.seed``, not the selection seed,
-so one bank serves every seed of a benchmark.
+so one bank serves every seed of a benchmark. Computing a bank prints its proxy sample and the
+seconds and peak memory of each stage; both are kept in ``meta`` (``proxy_sample``, ``costs``).
+
+The proxy's cost is bounded by ``proxy_tokens`` (training) and ``score_tokens`` × documents
+(scoring, forward only), not by the pool's size. The default budget, 4M tokens (977 steps of
+32 × 128; ≈ 27 tokens per parameter of the 0.15M-parameter proxy), was chosen on the default
+corpus (7M tokens): the smallest of 0.5M, 1M, 2M and 4M whose warmup-delta subset overlaps the
+full-pass bank's as much as a full-pass bank of another seed does (``bench/results/feature-bank/``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
 import numpy as np
 from tqdm.auto import tqdm
 
+from selection_callbacks.core.costs import StageCosts
 from selection_callbacks.core.io import atomic_path
 from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.readers import source_files
 from selection_callbacks.offline.corpus import Corpus
 from selection_callbacks.offline.dsir import DSIRConfig, log_importance
 from selection_callbacks.offline.embeddings import make_embedder
-from selection_callbacks.offline.proxy_train import ProxyConfig, pack_documents, train_proxy
+from selection_callbacks.offline.proxy_train import ProxyConfig, TokenStream, pack_documents, train_proxy
 
-FEATURE_VERSION = 1
+FEATURE_VERSION = 2
+DEFAULT_PROXY_TOKENS = 4_000_000
 NGRAM_ORDERS = (1, 2, 3, 4, 5)
 NUMERIC_FEATURES = (
     "n_bytes", "n_tokens", *(f"distinct_{n}" for n in NGRAM_ORDERS), "non_ascii", "byte_entropy", "bos_per_seq",
@@ -56,8 +66,9 @@ class FeatureConfig:
     """How the feature bank is computed.
 
     Attributes:
-        proxy: the proxy GPT trained over the pool (shared with warmup delta).
-        proxy_tokens: tokens the proxy trains on; None = one pass over the pool.
+        proxy: the proxy GPT trained on a sample of the pool (shared with warmup delta).
+        proxy_tokens: tokens the proxy trains on, whole windows drawn uniformly without replacement
+            from the packed pool (rounded up to whole steps); capped at one pass; None = one pass.
         early_fraction: the early checkpoint, as a fraction of the proxy's steps (the report: 10%).
         score_tokens: tokens of each document (its first ones) the proxy scores; None = all.
         dsir: hashed n-gram settings of the ``dsir`` column.
@@ -67,7 +78,7 @@ class FeatureConfig:
     """
 
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
-    proxy_tokens: int | None = None
+    proxy_tokens: int | None = DEFAULT_PROXY_TOKENS
     early_fraction: float = 0.1
     score_tokens: int | None = 1024
     dsir: DSIRConfig = field(default_factory=DSIRConfig)
@@ -140,15 +151,26 @@ def feature_bank(
 
 
 def compute_features(pool: Corpus, target: Corpus, cfg: FeatureConfig, progress: bool = True) -> FeatureBank:
-    """Every column of the module docstring, uncached."""
-    start = time.perf_counter()
-    cols = text_features(pool, cfg.proxy.seq_len, progress)
-    cols.update(proxy_features(pool, target, cfg, progress))
-    logw, count = log_importance(pool, target, cfg.dsir, progress)
-    cols["dsir"] = logw / np.maximum(count, 1)
-    embedder = make_embedder(cfg.embedder)
-    cols["cluster"] = kmeans(embedder.embed(pool.texts), cfg.clusters, cfg.seed)
-    meta = {"config": asdict(cfg), "embedder": embedder.name, "seconds": round(time.perf_counter() - start, 2)}
+    """Every column of the module docstring, uncached; prints the proxy sample and the cost per stage."""
+    costs = StageCosts()
+    with costs.stage("text"):
+        cols = text_features(pool, cfg.proxy.seq_len, progress)
+    proxy_cols, sample = proxy_features(pool, target, cfg, costs, progress)
+    cols.update(proxy_cols)
+    with costs.stage("dsir"):
+        logw, count = log_importance(pool, target, cfg.dsir, progress)
+        cols["dsir"] = logw / np.maximum(count, 1)
+    with costs.stage("embed"):
+        embedder = make_embedder(cfg.embedder)
+        emb = embedder.embed(pool.texts)
+    with costs.stage("kmeans"):
+        cols["cluster"] = kmeans(emb, cfg.clusters, cfg.seed)
+    print(f"[feature bank] {len(pool)} documents; proxy trained on {sample['tokens']:,} tokens "
+          f"({sample['share']:.1%} of one pass over the pool, seed {sample['seed']}), "
+          f"scored {sample['scored_tokens']:,} tokens per checkpoint", flush=True)
+    print(costs.table("feature bank"), flush=True)
+    meta = {"config": asdict(cfg), "embedder": embedder.name, "seconds": costs.seconds, "proxy_sample": sample,
+            "costs": costs.as_dict()}
     return FeatureBank(ids=pool.ids, domains=pool.domains, columns=cols, meta=meta)
 
 
@@ -184,24 +206,54 @@ def text_features(pool: Corpus, seq_len: int, progress: bool = True) -> dict[str
     return cols
 
 
-def proxy_features(pool: Corpus, target: Corpus, cfg: FeatureConfig, progress: bool = True) -> dict[str, np.ndarray]:
-    """Losses and bpb at the early and final checkpoints, their delta and the gradient alignment."""
+def proxy_budget(train: TokenStream, cfg: FeatureConfig) -> int:
+    """Tokens the bank's proxy trains on: ``proxy_tokens`` capped at one pass over ``train`` (None: one pass)."""
+    one_pass = train.n_windows * cfg.proxy.seq_len
+    if cfg.proxy_tokens is None:
+        return one_pass
+    if cfg.proxy_tokens < 1:
+        raise ValueError(f"proxy_tokens must be ≥ 1 (or None for one pass over the pool), got {cfg.proxy_tokens}")
+    return min(cfg.proxy_tokens, one_pass)
+
+
+def proxy_features(
+    pool: Corpus, target: Corpus, cfg: FeatureConfig, costs: StageCosts | None = None, progress: bool = True
+) -> tuple[dict[str, np.ndarray], dict]:
+    """Losses and bpb at the early and final checkpoints, their delta and the gradient alignment; the sample.
+
+    The proxy trains on ``proxy_budget`` tokens of pool windows and scores every document's first
+    ``score_tokens`` tokens at both checkpoints (forward passes only). The second value says what
+    the proxy saw: tokens, windows, steps, share of one pass, seed, scored tokens per checkpoint.
+    """
     if not 0.0 < cfg.early_fraction < 1.0:
         raise ValueError(f"early_fraction must lie in (0, 1), got {cfg.early_fraction}")
+    costs = costs or StageCosts()
     T = cfg.proxy.seq_len
-    docs = [pool.tokens(i) for i in range(len(pool))]
-    cap = cfg.score_tokens
-    score_on = pack_documents(docs if cap is None else [d[:cap] for d in docs], T)
-    run = train_proxy(
-        pack_documents(docs, T), cfg.proxy, cfg.seed, cfg.proxy_tokens, checkpoints=(cfg.early_fraction, 1.0),
-        score_on=score_on, align_with=pack_documents([target.tokens(i) for i in range(len(target))], T),
-        progress=progress, desc="features: proxy pass over the pool",
-    )
+    with costs.stage("pack"):
+        docs = [pool.tokens(i) for i in range(len(pool))]
+        cap = cfg.score_tokens
+        score_on = pack_documents(docs if cap is None else [d[:cap] for d in docs], T)
+        train = pack_documents(docs, T)
+        del docs
+        align_with = pack_documents([target.tokens(i) for i in range(len(target))], T)
+    budget = proxy_budget(train, cfg)
+    with costs.stage("proxy"):
+        run = train_proxy(
+            train, cfg.proxy, cfg.seed, budget, checkpoints=(cfg.early_fraction, 1.0), score_on=score_on,
+            align_with=align_with, progress=progress, desc="features: proxy on a sample of the pool",
+        )
+    costs.stages["proxy"].update({f"{k}_seconds": v for k, v in run.seconds.items()})
     early, final = run.scores[cfg.early_fraction], run.scores[1.0]
-    return {
+    sample = {
+        "tokens": run.windows * T, "windows": run.windows, "steps": run.steps, "pool_windows": train.n_windows,
+        "share": run.windows / train.n_windows, "seed": cfg.seed, "draw": "windows uniformly without replacement",
+        "scored_tokens": int(score_on.tokens.size),
+    }
+    cols = {
         "loss_early": early.loss, "loss_final": final.loss, "bpb_early": early.bpb, "bpb_final": final.bpb,
         "delta": early.loss - final.loss, "grad_align": final.grad_align,
     }
+    return cols, sample
 
 
 def kmeans(x: np.ndarray, k: int, seed: int, iters: int = 50) -> np.ndarray:

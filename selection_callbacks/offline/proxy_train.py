@@ -17,8 +17,9 @@ Example::
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Iterator, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import numpy as np
 import torch
@@ -128,11 +129,21 @@ class DocScores:
 
 @dataclass
 class ProxyRun:
-    """A trained proxy and its document scores at the requested checkpoints (fraction of steps → scores)."""
+    """A trained proxy and its document scores at the requested checkpoints.
+
+    Attributes:
+        model: the proxy after its last step.
+        scores: fraction of steps → document scores at that checkpoint.
+        steps: optimizer steps taken.
+        windows: training windows drawn (steps · batch_size; a window may repeat only past one pass).
+        seconds: ``train`` (forward, backward, step) and ``score`` (checkpoint scoring) wall seconds.
+    """
 
     model: GPT
     scores: dict[float, DocScores]
     steps: int
+    windows: int = 0
+    seconds: dict[str, float] = field(default_factory=dict)
 
 
 def make_proxy(cfg: ProxyConfig, seed: int) -> GPT:
@@ -184,6 +195,7 @@ def train_proxy(
     rng = np.random.default_rng([seed, 1])
     order = np.empty(0, dtype=np.int64)
     scores: dict[float, DocScores] = {}
+    start, score_seconds = time.perf_counter(), 0.0
     for step in tqdm(range(1, steps + 1), desc=desc, unit="step", disable=not progress, leave=False):
         while order.size < cfg.batch_size:
             order = np.concatenate([order, rng.permutation(train.n_windows)])
@@ -197,10 +209,13 @@ def train_proxy(
         opt.step()
         sched.step()
         if step in at_step:
+            t = time.perf_counter()
             last = max(checkpoints) in at_step[step]
             now = score_documents(model, score_on, align_with if last else None)
             scores.update(dict.fromkeys(at_step[step], now))
-    return ProxyRun(model=model, scores=scores, steps=steps)
+            score_seconds += time.perf_counter() - t
+    seconds = {"train": round(time.perf_counter() - start - score_seconds, 2), "score": round(score_seconds, 2)}
+    return ProxyRun(model=model, scores=scores, steps=steps, windows=steps * cfg.batch_size, seconds=seconds)
 
 
 @dataclass

@@ -1,7 +1,18 @@
-"""Warmup delta (the report's second method): documents a proxy learns most during one pass over the pool.
+"""Warmup delta (the report's second method): documents a pool proxy learns most about while it trains.
 
-A proxy trained one pass over the pool is scored at an early checkpoint (10% of its steps) and at
-the end; Δ(x) = ℓ_early(x) − ℓ_final(x) (feature-bank columns ``loss_early``/``loss_final``).
+The feature bank's proxy trains on a sample of the pool (``bank.proxy_tokens`` tokens of whole
+windows drawn uniformly without replacement; one pass when the budget covers the pool) and scores
+every document at an early checkpoint (10% of its steps) and at the end; Δ(x) = ℓ_early(x) −
+ℓ_final(x) (feature-bank columns ``loss_early``/``loss_final``).
+
+What Δ means with a sampled proxy: between the two checkpoints the proxy learns the pool's
+distribution from a share s of it (the bank's ``proxy_sample.share``). For the 1 − s of documents
+outside the sample, Δ(x) is how much more predictable x becomes from learning *other* pool text:
+held-out learnability, the part of the report's signal that carries over to training on x. A
+document inside the sample (share s, each read once) gets on top of that what one read of itself
+taught the proxy, as every document did in a one-pass proxy; with a small s that part touches few
+documents, so Δ ranks documents by what the pool has in common with them rather than by how well
+a single read of each is memorised.
 Plain top-K of Δ picks foreign-language text (top tail) and corrupted text (as the report finds), so
 documents with Δ above the (100 − ``trim_high``)-th percentile or below the ``trim_low``-th
 percentile (over documents) are dropped first and the rest ranked by Δ, largest first.
