@@ -1,11 +1,13 @@
 """Methods against one of their variants, paired by seed, from a ``bench.compare`` results.json.
 
-    python -m bench.paired_variants bench/results/feature-bank/results.json --variant @bank.proxy_tokens=null
+    python -m bench.paired_variants bench/results/feature-bank/results.json --variant @bank.proxy_tokens=null \
+        --base @bank.proxy_tokens=4000000
 
-For every method ``m`` with a variant ``m<variant>`` in the results: the final val bpb of each seed
-under both, the paired difference Δ = m − m<variant> (mean ± std, two-sided paired t-test) and
-the seed noise of the variant (the std of its final bpb over seeds). *Within seed noise* means
-|mean Δ| is below that std and p ≥ 0.05.
+For every method ``m`` with both ``m<base>`` (``--base``, default: ``m`` itself) and ``m<variant>`` in
+the results: the final val bpb of each seed under both, the paired difference
+Δ = m<base> − m<variant> (mean ± std, two-sided paired t-test) and the seed noise of the variant
+(the std of its final bpb over seeds). *Within seed noise* means |mean Δ| is below that std and
+p ≥ 0.05.
 """
 
 from __future__ import annotations
@@ -19,13 +21,13 @@ from jsonargparse import ArgumentParser
 from bench.report import fmt_value, paired_test
 
 
-def paired_rows(results: dict, variant: str) -> list[dict]:
-    """One row per method that has ``variant``: per-seed values, Δ statistics and the verdict."""
+def paired_rows(results: dict, variant: str, base: str = "") -> list[dict]:
+    """One row per method that has ``base`` and ``variant``: per-seed values, Δ statistics and the verdict."""
     methods = results["methods"]
     rows = []
-    for name, entry in methods.items():
-        other = methods.get(name + variant)
-        if "@" in name or other is None:
+    for name in dict.fromkeys(n.split("@")[0] for n in methods):
+        entry, other = methods.get(name + base), methods.get(name + variant)
+        if entry is None or other is None or base == variant:
             continue
         mine = {r["seed"]: r["final_val_bpb"] for r in entry["runs"]}
         theirs = {r["seed"]: r["final_val_bpb"] for r in other["runs"]}
@@ -39,8 +41,8 @@ def paired_rows(results: dict, variant: str) -> list[dict]:
     return rows
 
 
-def markdown(rows: list[dict], variant: str) -> str:
-    lines = [f"| method | seeds | val bpb (per seed) | val bpb `{variant}` (per seed) | Δ (mean ± std) | p | "
+def markdown(rows: list[dict], variant: str, base: str = "") -> str:
+    lines = [f"| method | seeds | val bpb `{base or 'm'}` (per seed) | val bpb `{variant}` (per seed) | Δ (mean ± std) | p | "
              f"seed std of `{variant}` | within seed noise |", "|---|---:|---|---|---:|---:|---:|---|"]
     for r in rows:
         per = lambda v: ", ".join(f"{x:.4f}" for x in v)  # noqa: E731
@@ -54,11 +56,12 @@ def main(argv: list[str] | None = None) -> list[dict]:
     p = ArgumentParser(prog="python -m bench.paired_variants", description=__doc__.split("\n\n")[0])
     p.add_argument("results", type=Path, help="a bench.compare results.json")
     p.add_argument("--variant", required=True, help="the variant suffix, e.g. @bank.proxy_tokens=null")
+    p.add_argument("--base", default="", help="the compared arm's suffix (default: the plain method)")
     a = p.parse_args(argv)
-    rows = paired_rows(json.loads(Path(a.results).read_text()), a.variant)
+    rows = paired_rows(json.loads(Path(a.results).read_text()), a.variant, a.base)
     if not rows:
         raise SystemExit(f"no method of {a.results} has a {a.variant!r} variant")
-    print(markdown(rows, a.variant))
+    print(markdown(rows, a.variant, a.base))
     return rows
 
 

@@ -147,29 +147,41 @@ def test_feature_bank_columns_and_cache(tiny_corpus, monkeypatch) -> None:
     np.testing.assert_array_equal(again.columns["delta"], c["delta"])
 
 
-def test_bank_proxy_trains_on_its_token_budget_and_reports_its_costs(tiny_corpus, capsys) -> None:
-    """The proxy takes ⌈budget / (batch·T)⌉ steps of windows sampled from the pool; every document is scored."""
+def test_prefix_quota_is_the_largest_water_level_within_the_budget() -> None:
+    rng = np.random.default_rng(0)
+    for _ in range(200):
+        lengths = rng.integers(2, 60, rng.integers(1, 12))
+        budget = int(rng.integers(2 * lengths.size, lengths.sum() + 5))
+        q = features_mod.prefix_quota(lengths, budget)
+        brute = max(x for x in range(1, lengths.max() + 1) if np.minimum(lengths, x).sum() <= budget)
+        assert q == brute, (lengths, budget)
+    assert features_mod.prefix_quota(np.array([5, 9]), None) == 9
+    with pytest.raises(ValueError, match="fewer than 2 tokens to each of the 3 documents"):
+        features_mod.prefix_quota(np.array([5, 9, 4]), 5)
+
+
+def test_bank_proxy_trains_on_every_documents_prefix_and_reports_its_costs(tiny_corpus, capsys) -> None:
+    """The proxy takes one pass over each document's first q tokens (Σ ≤ budget); every document is scored."""
     pool, target = load_corpus(tiny_corpus["pool"]), load_corpus(tiny_corpus["target"], "target")
-    per_step = TINY_PROXY.batch_size * TINY_PROXY.seq_len
-    cfg = dataclasses.replace(TINY_BANK, proxy_tokens=3 * per_step - 5)
-    bank = features_mod.compute_features(pool, target, cfg, progress=False)
+    lengths = pool.n_tokens
+    budget = int(lengths.sum() // 3)
+    bank = features_mod.compute_features(pool, target, dataclasses.replace(TINY_BANK, proxy_tokens=budget), progress=False)
     sample = bank.meta["proxy_sample"]
-    one_pass = pack_documents([pool.tokens(i) for i in range(len(pool))], TINY_PROXY.seq_len).n_windows
-    assert sample["steps"] == 3 and sample["tokens"] == 3 * per_step and sample["pool_windows"] == one_pass
-    assert sample["share"] == pytest.approx(3 * TINY_PROXY.batch_size / one_pass) and sample["seed"] == cfg.seed
-    assert np.isfinite(bank.columns["delta"]).all()  # sampled or not, every document has its Δ
+    q = sample["tokens_per_document"]
+    assert sample["tokens"] == np.minimum(lengths, q).sum() <= budget < np.minimum(lengths, q + 1).sum()
+    assert sample["whole_documents"] == int((lengths <= q).sum()) and sample["pool_tokens"] == lengths.sum()
+    windows = (sample["tokens"] - 1) // TINY_PROXY.seq_len
+    assert sample["steps"] == -(-windows * TINY_PROXY.seq_len // (TINY_PROXY.batch_size * TINY_PROXY.seq_len))
+    assert np.isfinite(bank.columns["delta"]).all()  # every document has its Δ
     assert set(bank.meta["costs"]) == {"text", "pack", "proxy", "dsir", "embed", "kmeans"}
     assert {"train_seconds", "score_seconds"} <= set(bank.meta["costs"]["proxy"])
     assert all(c["seconds"] >= 0 and c["peak_rss_mb"] > 0 for c in bank.meta["costs"].values())
     printed = capsys.readouterr().out
-    assert f"proxy trained on {3 * per_step:,} tokens" in printed and "[feature bank] total" in printed
-    # a budget past one pass trains one pass; None is one pass
-    full = dataclasses.replace(TINY_BANK, proxy_tokens=None)
-    stream = pack_documents([pool.tokens(i) for i in range(len(pool))], TINY_PROXY.seq_len)
-    assert features_mod.proxy_budget(stream, full) == one_pass * TINY_PROXY.seq_len
-    assert features_mod.proxy_budget(stream, dataclasses.replace(full, proxy_tokens=10**12)) == one_pass * 64
+    assert f"one pass over their first {q:,} tokens" in printed and "[feature bank] total" in printed
+    full = features_mod.compute_features(pool, target, dataclasses.replace(TINY_BANK, proxy_tokens=None), progress=False)
+    assert full.meta["proxy_sample"]["tokens"] == lengths.sum() and full.meta["proxy_sample"]["share"] == 1.0
     with pytest.raises(ValueError, match="proxy_tokens must be ≥ 1"):
-        features_mod.proxy_budget(stream, dataclasses.replace(full, proxy_tokens=0))
+        features_mod.proxy_features(pool, target, dataclasses.replace(TINY_BANK, proxy_tokens=0))
 
 
 def test_stage_costs_see_a_stage_allocation() -> None:

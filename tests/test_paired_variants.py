@@ -29,5 +29,7 @@ def test_rows_pair_each_method_with_its_variant(tmp_path, capsys) -> None:
     path.write_text(json.dumps(results))
     paired_variants.main([str(path), "--variant", "@x=1"])
     assert "| b | 3 | 2.0000, 2.0000, 2.0000 |" in capsys.readouterr().out
+    both = {"methods": {"a@x=0": _runs([3.0, 3.1]), "a@x=1": _runs([3.2, 3.3])}}
+    assert paired_variants.paired_rows(both, "@x=1", "@x=0")[0]["diff_mean"] == pytest.approx(-0.2)
     with pytest.raises(SystemExit, match="no method"):
         paired_variants.main([str(path), "--variant", "@y=2"])

@@ -10,12 +10,13 @@ Columns (D rows, in pool order):
 - ``bos_per_seq``: T / n_tokens, boundary (BOS) tokens per training window of T tokens that the
   document brings when packed (a length transform; the report's "BOS count" per sequence).
 - ``log_freq``: mean over the document's bytes of log p_pool(byte), the pool's smoothed unigram.
-- ``loss_early``, ``loss_final``, ``bpb_early``, ``bpb_final``: a proxy GPT trained on a sample of
-  the pool (``proxy_tokens`` tokens of whole training windows drawn uniformly without replacement,
-  seeded by ``seed``; one pass over the pool when the budget covers it or is None), scored by
-  forward passes at ``early_fraction`` of its steps and at the end (nats per byte, bits per byte;
-  the first ``score_tokens`` tokens of every document, sampled or not); ``delta`` = loss_early −
-  loss_final, the warmup-delta score.
+- ``loss_early``, ``loss_final``, ``bpb_early``, ``bpb_final``: a proxy GPT trained one pass over a
+  sample of the pool that every document contributes to alike: its first q tokens, q set so the
+  sample holds ``proxy_tokens`` tokens (:func:`prefix_quota`; windows in an order seeded by
+  ``seed``; the whole pool when the budget covers it or is None). Scored by forward passes at
+  ``early_fraction`` of its steps and at the end (nats per byte, bits per byte; the first
+  ``score_tokens`` tokens of every document); ``delta`` = loss_early − loss_final, the
+  warmup-delta score.
 - ``grad_align``: cosine of the document's output-head gradient with the target's mean
   output-head gradient under the final proxy (see :func:`proxy_train.score_documents`).
 - ``dsir``: DSIR log importance to the target per n-gram (length-normalised log w).
@@ -27,10 +28,12 @@ so one bank serves every seed of a benchmark. Computing a bank prints its proxy 
 seconds and peak memory of each stage; both are kept in ``meta`` (``proxy_sample``, ``costs``).
 
 The proxy's cost is bounded by ``proxy_tokens`` (training) and ``score_tokens`` × documents
-(scoring, forward only), not by the pool's size. The default budget, 4M tokens (977 steps of
-32 × 128; ≈ 27 tokens per parameter of the 0.15M-parameter proxy), was chosen on the default
-corpus (7M tokens): the smallest of 0.5M, 1M, 2M and 4M whose warmup-delta subset overlaps the
-full-pass bank's as much as a full-pass bank of another seed does (``bench/results/feature-bank/``).
+(scoring, forward only), not by the pool's size. The default budget, 8M tokens (1,954 steps of
+32 × 128), was chosen by measurement on the default corpus (7M tokens): at 4M the subsets of the
+policy, DATAMASK and AutoData train to val bpb within seed noise of the full-pass bank's, but
+warmup delta's are worse by 0.14 bpb (three times the change from another proxy seed), so the
+default keeps one full pass on pools up to 8M tokens and samples beyond
+(``bench/results/feature-bank/README.md``). On a 112 MB pool it is 7% of a pass.
 """
 
 from __future__ import annotations
@@ -50,10 +53,10 @@ from selection_callbacks.data.readers import source_files
 from selection_callbacks.offline.corpus import Corpus
 from selection_callbacks.offline.dsir import DSIRConfig, log_importance
 from selection_callbacks.offline.embeddings import make_embedder
-from selection_callbacks.offline.proxy_train import ProxyConfig, TokenStream, pack_documents, train_proxy
+from selection_callbacks.offline.proxy_train import ProxyConfig, pack_documents, train_proxy
 
-FEATURE_VERSION = 2
-DEFAULT_PROXY_TOKENS = 4_000_000
+FEATURE_VERSION = 3
+DEFAULT_PROXY_TOKENS = 8_000_000
 NGRAM_ORDERS = (1, 2, 3, 4, 5)
 NUMERIC_FEATURES = (
     "n_bytes", "n_tokens", *(f"distinct_{n}" for n in NGRAM_ORDERS), "non_ascii", "byte_entropy", "bos_per_seq",
@@ -67,8 +70,9 @@ class FeatureConfig:
 
     Attributes:
         proxy: the proxy GPT trained on a sample of the pool (shared with warmup delta).
-        proxy_tokens: tokens the proxy trains on, whole windows drawn uniformly without replacement
-            from the packed pool (rounded up to whole steps); capped at one pass; None = one pass.
+        proxy_tokens: tokens the proxy trains on: one pass over every document's first q tokens, q
+            water-filled so the total meets the budget (:func:`prefix_quota`); None (or a budget
+            past the pool, as the default is on the default corpus) = one pass over the whole pool.
         early_fraction: the early checkpoint, as a fraction of the proxy's steps (the report: 10%).
         score_tokens: tokens of each document (its first ones) the proxy scores; None = all.
         dsir: hashed n-gram settings of the ``dsir`` column.
@@ -165,8 +169,9 @@ def compute_features(pool: Corpus, target: Corpus, cfg: FeatureConfig, progress:
         emb = embedder.embed(pool.texts)
     with costs.stage("kmeans"):
         cols["cluster"] = kmeans(emb, cfg.clusters, cfg.seed)
-    print(f"[feature bank] {len(pool)} documents; proxy trained on {sample['tokens']:,} tokens "
-          f"({sample['share']:.1%} of one pass over the pool, seed {sample['seed']}), "
+    print(f"[feature bank] {len(pool)} documents; proxy trained one pass over their first "
+          f"{sample['tokens_per_document']:,} tokens ({sample['tokens']:,} tokens, {sample['share']:.1%} of the pool, "
+          f"{sample['whole_documents']} documents whole; window order seed {sample['seed']}), "
           f"scored {sample['scored_tokens']:,} tokens per checkpoint", flush=True)
     print(costs.table("feature bank"), flush=True)
     meta = {"config": asdict(cfg), "embedder": embedder.name, "seconds": costs.seconds, "proxy_sample": sample,
@@ -206,14 +211,25 @@ def text_features(pool: Corpus, seq_len: int, progress: bool = True) -> dict[str
     return cols
 
 
-def proxy_budget(train: TokenStream, cfg: FeatureConfig) -> int:
-    """Tokens the bank's proxy trains on: ``proxy_tokens`` capped at one pass over ``train`` (None: one pass)."""
-    one_pass = train.n_windows * cfg.proxy.seq_len
-    if cfg.proxy_tokens is None:
-        return one_pass
-    if cfg.proxy_tokens < 1:
-        raise ValueError(f"proxy_tokens must be ≥ 1 (or None for one pass over the pool), got {cfg.proxy_tokens}")
-    return min(cfg.proxy_tokens, one_pass)
+def prefix_quota(lengths: np.ndarray, budget: int | None) -> int:
+    """q, the most tokens taken from the start of each document with Σ_d min(len_d, q) ≤ budget.
+
+    Water-filling over documents: short documents come whole, long ones give their first q tokens,
+    so every document gives the proxy the same kind of sample. None (or a budget covering the pool)
+    gives the longest length: every document whole, one pass over the pool.
+    """
+    lengths = np.sort(np.asarray(lengths, dtype=np.int64))
+    if budget is None or budget >= lengths.sum():
+        return int(lengths[-1])
+    if budget < 2 * lengths.size:
+        raise ValueError(f"proxy_tokens={budget} gives fewer than 2 tokens to each of the {lengths.size} documents; "
+                         "raise it (or None for one pass over the pool)")
+    below = np.concatenate([[0], np.cumsum(lengths)])  # tokens of the i shortest documents
+    for i, n in enumerate(lengths):  # the i shortest come whole; the rest share what is left
+        q = (budget - below[i]) // (lengths.size - i)
+        if q < n:
+            return int(q)
+    return int(lengths[-1])
 
 
 def proxy_features(
@@ -221,32 +237,40 @@ def proxy_features(
 ) -> tuple[dict[str, np.ndarray], dict]:
     """Losses and bpb at the early and final checkpoints, their delta and the gradient alignment; the sample.
 
-    The proxy trains on ``proxy_budget`` tokens of pool windows and scores every document's first
-    ``score_tokens`` tokens at both checkpoints (forward passes only). The second value says what
-    the proxy saw: tokens, windows, steps, share of one pass, seed, scored tokens per checkpoint.
+    The proxy trains one pass over every document's first q tokens (:func:`prefix_quota` of
+    ``proxy_tokens``; windows in an order seeded by ``cfg.seed``) and scores every document's first
+    ``score_tokens`` tokens at both checkpoints (forward passes only). Every document gives the
+    same kind of sample, so no document's scores differ by whether it happened to be drawn: with a
+    uniform sample of windows, drawn documents score as memorised and the others as held out, and
+    on the default corpus that split alone moved warmup delta's, DATAMASK's and AutoData's subsets
+    (``bench/results/feature-bank/README.md``). The second value says what the proxy saw.
     """
     if not 0.0 < cfg.early_fraction < 1.0:
         raise ValueError(f"early_fraction must lie in (0, 1), got {cfg.early_fraction}")
+    if cfg.proxy_tokens is not None and cfg.proxy_tokens < 1:
+        raise ValueError(f"proxy_tokens must be ≥ 1 (or None for one pass over the pool), got {cfg.proxy_tokens}")
     costs = costs or StageCosts()
     T = cfg.proxy.seq_len
     with costs.stage("pack"):
         docs = [pool.tokens(i) for i in range(len(pool))]
+        lengths = np.asarray([d.size for d in docs])
+        quota = prefix_quota(lengths, cfg.proxy_tokens)
         cap = cfg.score_tokens
         score_on = pack_documents(docs if cap is None else [d[:cap] for d in docs], T)
-        train = pack_documents(docs, T)
+        train = pack_documents([d[:quota] for d in docs], T)
         del docs
         align_with = pack_documents([target.tokens(i) for i in range(len(target))], T)
-    budget = proxy_budget(train, cfg)
     with costs.stage("proxy"):
         run = train_proxy(
-            train, cfg.proxy, cfg.seed, budget, checkpoints=(cfg.early_fraction, 1.0), score_on=score_on,
-            align_with=align_with, progress=progress, desc="features: proxy on a sample of the pool",
+            train, cfg.proxy, cfg.seed, None, checkpoints=(cfg.early_fraction, 1.0), score_on=score_on,
+            align_with=align_with, progress=progress, desc="features: proxy on the pool's document prefixes",
         )
     costs.stages["proxy"].update({f"{k}_seconds": v for k, v in run.seconds.items()})
     early, final = run.scores[cfg.early_fraction], run.scores[1.0]
     sample = {
-        "tokens": run.windows * T, "windows": run.windows, "steps": run.steps, "pool_windows": train.n_windows,
-        "share": run.windows / train.n_windows, "seed": cfg.seed, "draw": "windows uniformly without replacement",
+        "tokens": int(train.tokens.size), "pool_tokens": int(lengths.sum()), "share": train.tokens.size / lengths.sum(),
+        "tokens_per_document": quota, "whole_documents": int((lengths <= quota).sum()), "steps": run.steps,
+        "seed": cfg.seed, "draw": "every document's first tokens_per_document tokens, one pass, windows in a seeded order",
         "scored_tokens": int(score_on.tokens.size),
     }
     cols = {

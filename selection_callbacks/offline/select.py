@@ -38,6 +38,7 @@ from selection_callbacks.offline.autodata.search import AutoDataConfig, select_a
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
 from selection_callbacks.offline.datamask import DatamaskConfig, select_datamask
 from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
+from selection_callbacks.offline.features import FEATURE_VERSION
 from selection_callbacks.offline.policy import PolicyConfig, select_policy
 from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, select_warmup_delta
 
@@ -159,8 +160,10 @@ def config_with(config: Any, overrides: Sequence[tuple[str, str]]) -> Any:
 
 
 def selector_settings(method: str, overrides: Sequence[tuple[str, str]] = ()) -> str:
-    """The JSON of ``method``'s effective config (defaults with ``overrides``): what a benchmark's cache keys on."""
-    return json.dumps(asdict(config_with(SELECTORS[method].config(), overrides)), sort_keys=True)
+    """``method``'s effective config (defaults with ``overrides``) as JSON, and the feature bank's version:
+    what a benchmark's cache keys on (a bank computed another way makes other subsets)."""
+    config = json.dumps(asdict(config_with(SELECTORS[method].config(), overrides)), sort_keys=True)
+    return f"{config} features-v{FEATURE_VERSION}"
 
 
 def bench_select(
