@@ -277,3 +277,31 @@ def test_opus_under_an_optimizer_it_cannot_precondition(tiny_corpus) -> None:
 
     with pytest.raises(ValueError, match=r"no ghost preconditioner for RMSprop; supported: .*optimizer's own step"):
         _fit_own(OPUSSelection(0.5, score_len=16, proxy=tiny_corpus["target"]), _OwnData(ByteTokenizer()), RMSpropLM(vocab=320))
+
+
+README_METHODS = {
+    "RandomSelection": "RandomSelection(ratio=0.5)",
+    "HighLossSelection": "HighLossSelection(ratio=0.5)",
+    "OPUSSelection": "OPUSSelection(ratio=0.5, score_len=16, sketch_dim=64)",
+    "GreatsSelection": "GreatsSelection(ratio=0.5, score_len=16, sketch_dim=64)",
+    "RhoLossSelection": "RhoLossSelection(ratio=0.5, reference_steps=2, proxy_layers=1, proxy_width=32, proxy_heads=2)",
+    "ClassActSelection": "ClassActSelection(ratio=0.5, reference_steps=2, proxy_layers=1, proxy_width=32, proxy_heads=2)",
+    "ClassActSelection-report": "ClassActSelection(ratio=0.5, variant='report', proxy_layers=1, proxy_width=32, proxy_heads=2)",
+    "OracleDomainSelection": "OracleDomainSelection(ratio=0.5, target_domains=['web'])",
+}
+
+
+@pytest.mark.parametrize("method", README_METHODS)
+def test_readme_own_model_example_runs_with_every_online_method(method) -> None:
+    """The README's own-model block, executed as written with each online method as the callback."""
+    from pathlib import Path
+
+    import selection_callbacks
+
+    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    block = readme.split("<!-- own-model:start -->")[1].split("<!-- own-model:end -->")[0]
+    code = block.split("```python")[1].split("```")[0]
+    line = "callback = HighLossSelection(ratio=0.5)"
+    assert line in code
+    namespace: dict = {}
+    exec(code.replace(line, f"callback = selection_callbacks.{README_METHODS[method]}"), {"selection_callbacks": selection_callbacks} | namespace)
