@@ -305,3 +305,56 @@ def test_readme_own_model_example_runs_with_every_online_method(method) -> None:
     assert line in code
     namespace: dict = {}
     exec(code.replace(line, f"callback = selection_callbacks.{README_METHODS[method]}"), {"selection_callbacks": selection_callbacks} | namespace)
+
+
+ALREADY_HANDLED = {  # superbatch contract cases (their full tests are in test_contract.py)
+    "not a dict": (lambda: torch.utils.data.DataLoader(torch.utils.data.TensorDataset(torch.randint(0, 256, (8, 32))), batch_size=8),
+                   "dict batch"),
+    "no input_ids": (lambda: _one({"tokens": torch.randint(0, 256, (8, 32))}), "no 'input_ids'"),
+    "short per-sample entry": (lambda: _one({"input_ids": torch.randint(0, 256, (8, 32)), "sample_id": torch.arange(5)}),
+                               "'sample_id' has shape"),
+    "N < k": (lambda: _one({"input_ids": torch.randint(0, 256, (4, 32))}), "fewer than k=6"),
+}
+
+
+def _one(batch):
+    return torch.utils.data.DataLoader([batch], batch_size=None)
+
+
+@pytest.mark.parametrize("case", ALREADY_HANDLED)
+def test_superbatch_contract_errors(case) -> None:
+    loader, message = ALREADY_HANDLED[case]
+
+    class Bare(LitGPT):
+        def train_dataloader(self):
+            return loader()
+
+    selector = RandomSelection(k=6) if case == "N < k" else RandomSelection(0.5)
+    with pytest.raises(SuperbatchError, match=message):
+        L.Trainer(accelerator="cpu", max_steps=1, callbacks=[selector], logger=False, enable_checkpointing=False,
+                  enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0).fit(Bare(CFG, warmup_steps=1))
+
+
+def test_ratio_outside_the_unit_interval() -> None:
+    for ratio in (0.0, 1.2):
+        with pytest.raises(ValueError, match=r"\(0, 1\]"):
+            RandomSelection(ratio=ratio)
+
+
+def test_labels_on_candidates_but_not_on_proxy_rows(tiny_corpus) -> None:
+    class WithLabels(_OwnData):
+        def train_dataloader(self):
+            ids = torch.randint(0, 64, (8, 33))
+            return _one({"input_ids": ids[:, :-1], "labels": ids[:, 1:]})
+
+        def target_batch(self, n, rng):
+            return {"input_ids": torch.from_numpy(rng.integers(0, 64, (n, 32)))}
+
+    class LabelLM(_TinyLM):
+        def per_sample_loss(self, batch):
+            logits = self.out(torch.tanh(self.mix(self.emb(batch["input_ids"]))))
+            targets = batch["labels"] if "labels" in batch else batch["input_ids"]
+            return torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(1)
+
+    with pytest.raises(ValueError, match="candidate and proxy batches must both carry 'labels' or both not"):
+        _fit_own(OPUSSelection(0.5, score_len=16), WithLabels(), LabelLM())
