@@ -83,7 +83,7 @@ def test_report_and_plots(bench_run) -> None:
     report = (root / "out" / "report.md").read_text()
     for name in ("random", "high_loss", "oracle", "first_docs"):
         assert f"| {name} | 2 |" in report
-    assert "Δ vs random" in report and "oracle share" in report
+    assert "Δ vs random" in report and "share of its oracle" in report
     for png in ("bpb_vs_tokens.png", "bpb_vs_wall.png", "domains_over_time.png"):
         assert (root / "out" / png).stat().st_size > 5000
 
