@@ -99,6 +99,17 @@ def fmt_value(x: float, spec: str) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def tuning_line(cfg: dict[str, Any]) -> str:
+    """Whether the runs trained with a tuned baseline (``configs/tuned``) or were allowed without one."""
+    if "tuned" not in cfg:
+        return "Baseline tuning: not recorded (a comparison from before tuned baselines)."
+    if cfg["tuned"] is None:
+        return "**Untuned baseline**: run with `--allow-untuned`; no `bench.tune` sweep set the learning rates."
+    pairs = [line.strip() for line in cfg["tuned"].splitlines() if not line.lstrip().startswith("#")]
+    values = ", ".join(pair for pair in pairs if pair.partition(":")[2].strip())
+    return f"Baseline tuned by `bench.tune` (`configs/tuned`): {values}."
+
+
 def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> str:
     cfg = results["config"]
     lines = [
@@ -106,6 +117,8 @@ def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]])
         "",
         f"commit `{results['commit']}` · config `{results['config_hash']}` · {cfg['steps']} steps, "
         f"{cfg['tokens']:,} update tokens, ratio {cfg['ratio']}, optimizer {cfg['optimizer']}",
+        "",
+        tuning_line(cfg),
         "",
         "Final val bits-per-byte (mean ± std over seeds). Δ is the paired difference against random "
         "(negative is better) with a two-sided paired t-test. *Tokens* and *wall* are the update tokens and "
