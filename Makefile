@@ -13,7 +13,7 @@ $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip
 	$(BIN)/python -m pip install -q torch==2.13.0
-	$(BIN)/python -m pip install -q -e '.[dev]'
+	$(BIN)/python -m pip install -q -e '.[dev,embed]'
 	touch $(STAMP)
 
 data: $(STAMP)
@@ -22,7 +22,7 @@ data: $(STAMP)
 demo: data
 	$(BIN)/python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/high_loss.yaml \
 		--data.pool $(DATA)/pool.jsonl --data.target $(DATA)/target.jsonl --data.val $(DATA)/val.jsonl \
-		--trainer.default_root_dir $(RUN) --trainer.enable_progress_bar false
+		--trainer.default_root_dir $(RUN) --trainer.enable_progress_bar false --recorder.progress_every 15
 	@echo "metrics: $(RUN)/metrics.json"
 
 test: $(STAMP)

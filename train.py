@@ -7,7 +7,9 @@ The selection callback is ``--selection`` (a ``SelectionCallback`` subclass; its
 ``--data.ratio``); ``--recorder`` writes ``metrics.json`` (validation curve against update
 tokens and wall-clock) to the run folder. After ``fit`` a final validation prints ``val_bpb``.
 
-The run folder is ``--recorder.out_dir`` (default ``--trainer.default_root_dir``). ``--ledger``
+The run folder is ``--recorder.out_dir`` (default ``--trainer.default_root_dir``); it holds the
+resolved ``config.yaml`` of its run. ``--recorder.progress_every S`` prints a progress line
+(step, update tokens, tokens/s, selection share, last val bpb) every S seconds. ``--ledger``
 records every candidate's score and fate under ``<run folder>/ledger/`` (on by default,
 ``--ledger.enabled false`` turns it off; ``python -m selection_callbacks.cli.ledger`` exports and
 summarises it). ``--dashboard`` logs throughput scalars to every logger and, with W&B, score
@@ -20,7 +22,9 @@ else CSV, under the run folder). ``--config configs/logger/wandb.yaml`` logs to 
 
 from __future__ import annotations
 
-from lightning.pytorch.cli import LightningCLI
+from pathlib import Path
+
+from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from selection_callbacks.learner.lit_gpt import LitGPT
 from selection_callbacks.callbacks.base import SelectionCallback
@@ -29,6 +33,18 @@ from selection_callbacks.callbacks.ledger_writer import SelectionLedger
 from selection_callbacks.callbacks.recorder import RunRecorder
 from selection_callbacks.data.datamodule import PoolDataModule
 import selection_callbacks.methods  # noqa: F401  (registers the methods, so --selection RandomSelection resolves)
+
+
+class RunFolderConfig(SaveConfigCallback):
+    """Writes the resolved ``config.yaml`` into the run folder (``--recorder.out_dir``, default
+    ``--trainer.default_root_dir``), whatever folder the logger writes to, so each run keeps its own."""
+
+    def save_config(self, trainer, pl_module, stage: str) -> None:
+        recorder = next((c for c in trainer.callbacks if isinstance(c, RunRecorder)), None)
+        folder = Path((recorder.out_dir if recorder else None) or trainer.default_root_dir)
+        folder.mkdir(parents=True, exist_ok=True)
+        self.parser.save(self.config, str(folder / self.config_filename), skip_none=False, overwrite=True,
+                         multifile=self.multifile)
 
 
 class SelectionCLI(LightningCLI):
@@ -65,7 +81,8 @@ class SelectionCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> SelectionCLI:
-    return SelectionCLI(LitGPT, PoolDataModule, args=args, save_config_kwargs={"overwrite": True})
+    return SelectionCLI(LitGPT, PoolDataModule, args=args, save_config_callback=RunFolderConfig,
+                        save_config_kwargs={"overwrite": True, "save_to_log_dir": False})
 
 
 if __name__ == "__main__":

@@ -75,6 +75,11 @@ def scale_config(scale: str) -> Path:
     return path
 
 
+def tuned_config(scale_path: Path, optimizer: str) -> Path:
+    """``configs/tuned/<scale>-<optimizer>.yaml``: the tuned learning rates and decay ``bench.tune`` wrote."""
+    return ROOT / "configs" / "tuned" / f"{scale_path.stem}-{optimizer}.yaml"
+
+
 def file_digest(path: str) -> str:
     """sha256 of a file, or of a folder's file names, sizes and contents."""
     p = Path(path)
@@ -108,6 +113,15 @@ class Plan:
         self.tokens_per_step = self.batch_size * self.seq_len * accumulate
         self.steps = max(1, args.tokens // self.tokens_per_step)
         self.eval_every = max(1, self.steps // args.evals)
+        self.tuned = tuned_config(self.scale_path, args.optimizer)
+        if not self.tuned.exists():
+            if not args.allow_untuned:
+                raise SystemExit(
+                    f"no tuned baseline for scale {self.scale_path.stem!r} under {args.optimizer}: {self.tuned} is "
+                    f"missing. Sweep it with python -m bench.tune --scale {self.scale_path.stem} --optimizer "
+                    f"{args.optimizer} ..., or pass --allow-untuned (the report then says the baseline is untuned)"
+                )
+            self.tuned = None
         self.args = args
         self.overrides: dict[str, list[tuple[str, str]]] = {}
         self.config = {
@@ -120,6 +134,7 @@ class Plan:
             "data": {k: file_digest(getattr(args, k)) for k in ("pool", "target", "val")},
             "extra": args.extra,
             "threads": args.threads,
+            "tuned": self.tuned.read_text() if self.tuned else None,
         }
         self.config_hash = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:12]
 
@@ -129,6 +144,7 @@ class Plan:
     def train_command(self, method: Method, seed: int, subset: Path | None) -> list[str]:
         a = self.args
         cmd = [sys.executable, str(ROOT / "train.py"), "fit", "--config", str(self.scale_path)]
+        cmd += ["--config", str(self.tuned)] if self.tuned else []
         cmd += ["--config", str(ROOT / (method.config or "configs/method/random.yaml"))]
         cmd += ["--seed_everything", str(seed), "--data.seed", str(seed)]
         cmd += ["--data.pool", a.pool, "--data.target", a.target, "--data.val", a.val, "--data.progress", "false"]
@@ -267,6 +283,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--scale", default="cpu-tiny", help="configs/scale/<name>.yaml or a YAML path")
     p.add_argument("--evals", type=int, default=10, help="validation points per run")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per run (part of the config)")
+    p.add_argument("--allow-untuned", action="store_true",
+                   help="run without configs/tuned/<scale>-<optimizer>.yaml (the report says the baseline is untuned)")
     p.add_argument("--out", required=True, help="folder of the runs, results.json, report.md and the plots")
     p.add_argument("extra", nargs="*", default=[], help="extra train.py flags after --, e.g. -- --model.lr 0.002")
     return p

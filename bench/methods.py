@@ -62,6 +62,9 @@ REGISTRY: dict[str, Method] = {
     "warmup_delta": Method("warmup_delta", select=partial(bench_select, "warmup_delta"), settings=partial(selector_settings, "warmup_delta")),
     "policy": Method("policy", select=partial(bench_select, "policy"), settings=partial(selector_settings, "policy")),
     "datamask": Method("datamask", select=partial(bench_select, "datamask"), settings=partial(selector_settings, "datamask")),
+    # the offline labelled oracle: the ceiling offline methods are measured against
+    "oracle_offline": Method("oracle_offline", select=partial(bench_select, "oracle"),
+                             settings=partial(selector_settings, "oracle")),
     # the recipe exported by the AutoData search (bench/results/autodata), applied with each seed
     "autodata": Method(
         "autodata", select=partial(bench_select, "autodata"), inputs=("configs/recipes/autodata_best.json",),

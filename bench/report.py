@@ -10,6 +10,10 @@ from typing import Any
 import numpy as np
 
 
+ORACLES = {False: "oracle", True: "oracle_offline"}
+"""The labelled ceiling of each kind: online methods against the online oracle, offline ones against the offline."""
+
+
 def crossing(curve: list[list[float]], target: float, column: int) -> float | None:
     """First value of ``column`` (0 = update tokens, 1 = wall seconds) at which val bpb ≤ target,
     linearly interpolated between evaluations; None if the curve never gets there."""
@@ -66,10 +70,12 @@ def summarize(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
             "overhead_fraction": float(np.mean([r["overhead_fraction"] for r in runs])),
             "selection_seconds": float(np.mean([r["selection_seconds"] for r in runs])),
         }
-    if "oracle" in out:
-        gain = -out["oracle"]["diff_mean"]
-        for s in out.values():
+    for name, s in out.items():  # each method against the ceiling of its kind
+        ceiling = ORACLES[bool(methods[name].get("offline"))]
+        if ceiling in out:
+            gain = -out[ceiling]["diff_mean"]
             s["oracle_share"] = (-s["diff_mean"] / gain) if gain > 0 else float("nan")
+            s["oracle_kind"] = ceiling
     return out
 
 
@@ -93,6 +99,17 @@ def fmt_value(x: float, spec: str) -> str:
     return "—" if x is None or (isinstance(x, float) and math.isnan(x)) else format(x, spec)
 
 
+def tuning_line(cfg: dict[str, Any]) -> str:
+    """Whether the runs trained with a tuned baseline (``configs/tuned``) or were allowed without one."""
+    if "tuned" not in cfg:
+        return "Baseline tuning: not recorded (a comparison from before tuned baselines)."
+    if cfg["tuned"] is None:
+        return "**Untuned baseline**: run with `--allow-untuned`; no `bench.tune` sweep set the learning rates."
+    pairs = [line.strip() for line in cfg["tuned"].splitlines() if not line.lstrip().startswith("#")]
+    values = ", ".join(pair for pair in pairs if pair.partition(":")[2].strip())
+    return f"Baseline tuned by `bench.tune` (`configs/tuned`): {values}."
+
+
 def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> str:
     cfg = results["config"]
     lines = [
@@ -101,13 +118,17 @@ def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]])
         f"commit `{results['commit']}` · config `{results['config_hash']}` · {cfg['steps']} steps, "
         f"{cfg['tokens']:,} update tokens, ratio {cfg['ratio']}, optimizer {cfg['optimizer']}",
         "",
+        tuning_line(cfg),
+        "",
         "Final val bits-per-byte (mean ± std over seeds). Δ is the paired difference against random "
         "(negative is better) with a two-sided paired t-test. *Tokens* and *wall* are the update tokens and "
         "training seconds (selection included) a method needs to reach random's final bpb, relative to random's "
-        "full run (interpolated on the validation curves).",
+        "full run (interpolated on the validation curves). The oracle share is the method's Δ over the Δ of the "
+        "labelled oracle of its kind: `oracle` (online, the target's domains first in each superbatch) for online "
+        "methods, `oracle_offline` (the target's domains first in the whole pool) for offline ones.",
         "",
         "| method | seeds | val bpb | Δ vs random | p | tokens to random's bpb | wall to random's bpb | step time × | "
-        "selection overhead | oracle share |",
+        "selection overhead | share of its oracle's gain |",
         "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in summary.items():

@@ -69,12 +69,12 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     if any(m.offline for m in methods):
         raise SystemExit("step time is for online methods; an offline selector trains like random")
     probe = compare_parser().parse_args(["--pool", a.pool, "--target", a.target, "--val", a.val, "--tokens", "1",
-                                         "--scale", a.scale, "--out", a.out])
+                                         "--scale", a.scale, "--out", a.out, "--allow-untuned"])
     tokens = a.steps * Plan(probe).tokens_per_step
     args = compare_parser().parse_args([
         "--pool", a.pool, "--target", a.target, "--val", a.val, "--tokens", str(tokens), "--ratio", str(a.ratio),
         "--optimizer", a.optimizer, "--scale", a.scale, "--evals", str(a.evals), "--threads", str(a.threads),
-        "--out", a.out, "--", "--data.val_samples", "16",
+        "--out", a.out, "--allow-untuned", "--", "--data.val_samples", "16",
     ])
     plan = Plan(args)
     plan.overrides = overrides

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import yaml
 
 from bench import compare as bench_compare
 from bench.methods import REGISTRY, Method, resolve
@@ -44,7 +45,7 @@ def first_docs_selector(pool: str, target: str, budget: int, seed: int, out: Pat
 def _args(corpus, out: Path, scale: Path, methods: str, seeds: str = "2") -> list[str]:
     return ["--pool", corpus["pool"], "--target", corpus["target"], "--val", corpus["val"], "--methods", methods,
             "--tokens", str(6 * 4 * 32), "--seeds", seeds, "--ratio", "0.5", "--scale", str(scale), "--evals", "3",
-            "--out", str(out)]
+            "--out", str(out), "--allow-untuned"]
 
 
 @pytest.fixture(scope="module")
@@ -83,7 +84,7 @@ def test_report_and_plots(bench_run) -> None:
     report = (root / "out" / "report.md").read_text()
     for name in ("random", "high_loss", "oracle", "first_docs"):
         assert f"| {name} | 2 |" in report
-    assert "Δ vs random" in report and "oracle share" in report
+    assert "Δ vs random" in report and "share of its oracle" in report
     for png in ("bpb_vs_tokens.png", "bpb_vs_wall.png", "domains_over_time.png"):
         assert (root / "out" / png).stat().st_size > 5000
 
@@ -301,3 +302,36 @@ def test_feature_bank_budget_table(tiny_corpus, tmp_path) -> None:
     assert noise["seed"] == 1 and noise["spearman_delta"] < 1.0
     assert budget["proxy_tokens"] == 2048 and budget["share"] < 1.0 and "| 2,048 |" in out["table"]
     assert json.loads((tmp_path / "b.json").read_text())["rows"] == out["rows"]
+
+
+def test_comparison_without_a_tuned_baseline_is_refused(tiny_corpus, tmp_path) -> None:
+    scale = tmp_path / "tiny.yaml"
+    scale.write_text(TINY_SCALE)
+    argv = [a for a in _args(tiny_corpus, tmp_path / "o", scale, "random") if a != "--allow-untuned"]
+    with pytest.raises(SystemExit, match=r"no tuned baseline for scale 'tiny' under adamw.*bench.tune.*--allow-untuned"):
+        bench_compare.Plan(bench_compare.build_parser().parse_args(argv))
+    assert bench_compare.Plan(bench_compare.build_parser().parse_args([*argv, "--allow-untuned"])).tuned is None
+
+
+def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus, tmp_path, monkeypatch) -> None:
+    from bench import report as bench_report
+    from bench import tune
+
+    scale = tmp_path / "tiny.yaml"
+    scale.write_text(TINY_SCALE)
+    out = tune.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val", tiny_corpus["val"],
+                     "--scale", str(scale), "--tokens", str(6 * 4 * 32), "--seeds", "2", "--evals", "2",
+                     "--grid", "model.lr=0.0001,0.01", "--then", "model.min_lr_ratio=0.0", "--out",
+                     str(tmp_path / "tune"), "--write-config", "false"])
+    names = [r["name"] for r in out["rows"]]
+    assert names == ["lr=0.0001", "lr=0.01", "lr=0.01@min_lr_ratio=0.0"] and all(len(r["bpb"]) == 2 for r in out["rows"])
+    assert out["best"]["point"]["model.lr"] == "0.01"  # 6 steps at 1e-4 barely move a fresh model
+    assert "**(best)**" in (tmp_path / "tune" / "tiny-adamw.md").read_text()
+    tuned = tmp_path / "tiny-adamw.yaml"
+    tune.write_tuned(tuned, out["best"], tmp_path / "tune" / "tiny-adamw.md")
+    assert yaml.safe_load(tuned.read_text())["model"]["lr"] == 0.01
+    monkeypatch.setattr(bench_compare, "tuned_config", lambda scale_path, optimizer: tuned)
+    plan = bench_compare.Plan(bench_compare.build_parser().parse_args(
+        [a for a in _args(tiny_corpus, tmp_path / "o", scale, "random") if a != "--allow-untuned"]))
+    cmd = plan.train_command(REGISTRY["random"], 0, None)
+    assert cmd[cmd.index(str(tuned)) - 1] == "--config" and "lr: 0.01" in bench_report.tuning_line(plan.config)

@@ -196,3 +196,18 @@ def test_stage_costs_see_a_stage_allocation() -> None:
     assert costs.stages["big"]["peak_rss_mb"] >= costs.stages["small"]["peak_rss_mb"] + 150 or not costs.per_stage_peak
     assert costs.stages["big"]["peak_rss_mb"] > 200
     assert "[t] big" in costs.table("t") and costs.seconds == pytest.approx(sum(s["seconds"] for s in costs.stages.values()))
+
+
+def test_minilm_embedder_loads_offline_and_embeds() -> None:
+    """The ``embed`` extra (installed by the Makefile, so CI tests it): MiniLM from its package, no download."""
+    import os
+
+    from selection_callbacks.offline.embeddings import MiniLMEmbedder, make_embedder
+
+    os.environ["HF_HUB_OFFLINE"] = "1"
+    embedder = make_embedder("minilm")
+    assert isinstance(embedder, MiniLMEmbedder)
+    e = embedder.embed(["The cat sat on the mat.", "A cat was sitting on a mat.", "def f(x): return x ** 2"])
+    assert e.shape == (3, 384) and e.dtype == np.float32
+    np.testing.assert_allclose(np.linalg.norm(e, axis=1), 1.0, atol=1e-5)
+    assert e[0] @ e[1] > e[0] @ e[2] + 0.2  # paraphrases are closer than code

@@ -176,3 +176,23 @@ def test_bench_registry_budget_covers_the_run(tiny_corpus, tmp_path) -> None:
     dm.prepare_data()
     dm.setup("fit")
     assert len(dm.splits["pool"]) >= 50  # the run's sequences fit in the subset
+
+
+def test_offline_oracle_takes_the_targets_domains_first_up_to_the_budget(corpora) -> None:
+    from selection_callbacks.offline.oracle import OracleConfig, select_oracle
+
+    pool, target = corpora
+    inside = pool.domains == "prose"  # the tiny target is prose
+    in_tokens = int(pool.n_tokens[inside].sum())
+    for tokens in (in_tokens // 2, in_tokens + 500):
+        budget = Budget(tokens=tokens)
+        sel = select_oracle(pool, target, budget, seed=0, cfg=OracleConfig())
+        idx = sel.indices
+        assert _exact(pool, budget, idx) and sel.info["target_domains"] == ["prose"]
+        first_out = np.flatnonzero(~inside[idx])
+        # every target-domain document precedes every other one, and the others enter only once prose is used up
+        assert first_out.size == 0 or (inside[idx[: first_out[0]]].all() and inside[idx].sum() == inside.sum())
+    assert sorted(select_oracle(pool, target, Budget(docs=5), 1, OracleConfig()).indices.tolist()) != sorted(
+        select_oracle(pool, target, Budget(docs=5), 2, OracleConfig()).indices.tolist())
+    with pytest.raises(SelectionError, match="no pool document is in the target domains"):
+        select_oracle(pool, target, Budget(docs=1), 0, OracleConfig(target_domains=["klingon"]))

@@ -123,3 +123,18 @@ def test_no_selection_at_ratio_one_leaves_no_empty_callback(tiny_corpus) -> None
     cli = train.SelectionCLI(LitGPT, PoolDataModule, args=args, run=False)
     assert None not in cli.trainer.callbacks
     assert not any(isinstance(c, SelectionCallback) for c in cli.trainer.callbacks)
+
+
+def test_run_folders_keep_their_own_config_and_print_progress(tiny_corpus, tmp_path: Path, capsys) -> None:
+    """Two runs beside one logger folder: each run folder holds its own resolved config.yaml; progress lines print."""
+    base = ["fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config",
+            str(ROOT / "configs/method/random.yaml"), *_data_args(tiny_corpus), *TINY, "--trainer.max_steps", "4",
+            "--trainer.val_check_interval", "2", "--data.val_samples", "16", "--trainer.enable_progress_bar", "false",
+            "--trainer.logger", "lightning.pytorch.loggers.CSVLogger", "--trainer.logger.save_dir", str(tmp_path / "logs"),
+            "--recorder.progress_every", "1e-9"]
+    for name, lr in (("a", "0.001"), ("b", "0.002")):
+        train.main([*base, "--trainer.default_root_dir", str(tmp_path / name), "--model.lr", lr])
+    for name, lr in (("a", 0.001), ("b", 0.002)):
+        assert f"lr: {lr}" in (tmp_path / name / "config.yaml").read_text()
+    lines = [line for line in capsys.readouterr().out.splitlines() if line.startswith("[train] step")]
+    assert lines and "update tokens in" in lines[-1] and "tok/s" in lines[-1] and "selection" in lines[-1]

@@ -26,14 +26,14 @@ from selection_callbacks.core.selection import (
     select,
 )
 
-__all__ = ["Scores", "SelectionCallback", "SelectionRecord"]
+__all__ = ["Scores", "SelectionCallback", "SelectionRecord", "fit_problems"]
 
 
 class SelectionCallback(L.Callback, ABC):
     """Base class of the online selection methods.
 
     In ``on_train_batch_start`` (once per micro-batch) it validates the dict superbatch of N
-    candidates, computes ``score(...)`` [N], chooses K = round(ratio·N) (or ``k``) with the
+    candidates, computes ``score(...)`` [N], chooses K = round(ratio·N) ≥ 1 (or ``k``) with the
     sampling rule, and subsets every per-sample entry of the batch *in place*, so the
     LightningModule's ``training_step`` sees exactly the K chosen rows. Randomness comes from
     a generator derived from (seed, epoch, batch index): no RNG state to checkpoint.
@@ -107,10 +107,24 @@ class SelectionCallback(L.Callback, ABC):
         """Method-specific scalars logged with the ``select/*`` metrics of each micro-batch."""
         return {}
 
+    def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        """What this method needs from the model, the batch and the data that this fit lacks, each with its fix.
+
+        Checked once in ``on_fit_start`` (see :mod:`selection_callbacks.callbacks.protocols`); [] by default.
+        """
+        return []
+
     # ---- the contract ----
     def keep(self, n: int) -> int:
         """K for a superbatch of N."""
         return keep_count(n, self.ratio, self.k)
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        problems = fit_problems(self, trainer.callbacks, getattr(trainer, "datamodule", None))
+        problems += self.requirements(trainer, pl_module)
+        if problems:
+            raise ValueError(f"{type(self).__name__} cannot start:\n- " + "\n- ".join(problems))
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
@@ -118,7 +132,8 @@ class SelectionCallback(L.Callback, ABC):
         n = superbatch_size(batch)
         k, world, rank = self.keep(n), trainer.world_size, trainer.global_rank
         raw, rows = self._scored_rows(trainer, pl_module, batch, batch_idx, n)
-        scores = self.calibrate(raw, world * k)
+        raw, bad = self._set_aside_nonfinite(raw, rows)
+        scores = _restore_nonfinite(self.calibrate(raw, world * k), bad)
         values, nonfinite = self._checked_scores(scores.values, world * n, rows)
         interactions = checked_interactions(scores.interactions, world * n, type(self).__name__)
         generator = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx)
@@ -151,6 +166,25 @@ class SelectionCallback(L.Callback, ABC):
             raw = Scores(_gather(trainer, raw.values), None, _gather(trainer, raw.features))
             rows = {key: _gather(trainer, value) for key, value in rows.items()}
         return raw, rows
+
+    def _set_aside_nonfinite(self, raw: Scores, rows: MutableMapping) -> tuple[Scores, torch.Tensor | None]:
+        """Raw scores with non-finite candidates neutralised for :meth:`calibrate`, and their mask.
+
+        Under ``nonfinite="error"`` a non-finite raw score raises here, naming the samples. Under
+        ``"lowest"`` the calibration sees the finite scores' mean in their place and zero feature
+        rows, so one bad candidate cannot turn a superbatch-wide calibration (standardising, a
+        Gram matrix) non-finite; :func:`_restore_nonfinite` marks them again afterwards.
+        """
+        values = raw.values.detach()
+        bad = ~torch.isfinite(values)
+        if not bad.any():
+            return raw, None
+        finite_scores(values, rows.get("sample_id"), self.nonfinite, type(self).__name__)  # raises under "error"
+        fill = values[~bad].float().mean() if (~bad).any() else torch.tensor(0.0)
+        features = raw.features
+        if features is not None:
+            features = torch.where(bad.to(features.device)[:, None], torch.zeros_like(features), features)
+        return Scores(torch.where(bad, fill.to(values.dtype), values), raw.interactions, features), bad
 
     def _checked_scores(self, scores: torch.Tensor, n: int, batch: MutableMapping) -> tuple[torch.Tensor, int]:
         """Scores as float CPU [N] and the number of non-finite ones (error or ranked lowest)."""
@@ -198,11 +232,16 @@ class SelectionCallback(L.Callback, ABC):
             )
 
     def _domain_share(self, trainer: L.Trainer, batch: MutableMapping, index: torch.Tensor) -> dict[str, float]:
+        """Share of each domain among the chosen: ``domain`` as int codes [N] (named by the datamodule's
+        ``domain_names``) or as N strings."""
         domain = batch.get("domain")
-        if not isinstance(domain, torch.Tensor):
+        if isinstance(domain, torch.Tensor):
+            names = getattr(getattr(trainer, "datamodule", None), "domain_names", None)
+            chosen = domain_names(domain[index.to(domain.device)].tolist(), names)
+        elif isinstance(domain, list | tuple) and domain and all(isinstance(d, str) for d in domain):
+            chosen = [domain[i] for i in index.tolist()]
+        else:
             return {}
-        names = getattr(getattr(trainer, "datamodule", None), "domain_names", None)
-        chosen = domain_names(domain[index.to(domain.device)].tolist(), names)
         shares: dict[str, float] = {}
         for name in chosen:
             shares[name] = shares.get(name, 0.0) + 1.0 / len(chosen)
@@ -235,6 +274,36 @@ class SelectionCallback(L.Callback, ABC):
         self.domain_counts = dict(state_dict["domain_counts"])
 
 
+def fit_problems(selector: SelectionCallback, callbacks: list[L.Callback], datamodule: object) -> list[str]:
+    """What is wrong with a fit before its first step, each with its fix ([] when nothing is).
+
+    - More than one selection callback on the Trainer: each would subset the rows the previous
+      one kept (N → K → K² / N), so only one may run.
+    - A datamodule that declares its K and ratio (``batch_size`` and ``ratio``, as
+      :class:`PoolDataModule` does) whose superbatch N = K/ρ the callback would cut to another K.
+    """
+    problems = []
+    selectors = [type(c).__name__ for c in callbacks if isinstance(c, SelectionCallback)]
+    if len(selectors) > 1:
+        problems.append(f"the Trainer has {len(selectors)} selection callbacks ({', '.join(selectors)}); each would "
+                        "subset what the previous one kept: pass exactly one")
+    k, ratio = getattr(datamodule, "batch_size", None), getattr(datamodule, "ratio", None)
+    if isinstance(k, int) and isinstance(ratio, float | int) and 0 < ratio <= 1:
+        n = max(1, round(k / ratio))
+        try:
+            kept = selector.keep(n)
+        except SuperbatchError as e:
+            kept, why = None, str(e)
+        if kept != k:
+            got = f"keeps K={kept}" if kept is not None else f"cannot keep any ({why})"
+            problems.append(
+                f"{type(datamodule).__name__} yields superbatches of N={n} to train on K={k} (ratio {ratio}), but "
+                f"{type(selector).__name__} (ratio {selector.ratio}, k={selector.k}) {got}: give both the same ratio "
+                f"(train.py links --data.ratio to the callback) or pass k={k}"
+            )
+    return problems
+
+
 def _record(
     trainer: L.Trainer, batch_idx: int, n: int, values: torch.Tensor, index: torch.Tensor, rows: dict[str, Any]
 ) -> SelectionRecord:
@@ -253,6 +322,18 @@ def _record(
         domain=domain.cpu() if isinstance(domain, torch.Tensor) else None,
         batch={key: v for key, v in rows.items() if isinstance(v, torch.Tensor)},
     )
+
+
+def _restore_nonfinite(scores: Scores, bad: torch.Tensor | None) -> Scores:
+    """Calibrated scores with the set-aside candidates NaN again (ranked lowest and counted) and no interactions."""
+    if bad is None:
+        return scores
+    values = torch.where(bad.to(scores.values.device), torch.full_like(scores.values, float("nan")), scores.values)
+    interactions = scores.interactions
+    if interactions is not None:
+        keep = (~bad).to(interactions.device, interactions.dtype)
+        interactions = interactions * keep[:, None] * keep[None, :]
+    return Scores(values, interactions, scores.features)
 
 
 def _gather(trainer: L.Trainer, value: Any) -> Any:

@@ -19,11 +19,13 @@ import torch
 from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.callbacks.protocols import needs_per_sample_loss, needs_target_batch
 from selection_callbacks.core.selection import Scores
 from selection_callbacks.core.rng import derived_seed, micro_batch_generator
 from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.token_bin import load_token_bin
+from selection_callbacks.nn.heads import vocabulary_size
 from selection_callbacks.scoring.ghost import GhostEngine, GhostScores, Resolver, check_precision, scored_layers
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.windows import score_windows
@@ -40,6 +42,25 @@ def excluded_layers(
     if not keep:
         raise ValueError(f"layers={patterns} match none of the scorable layers: {names}")
     return tuple(n for n in names if n not in keep)
+
+
+def check_vocabulary(split: PackedSplit, model: torch.nn.Module, what: str) -> None:
+    """Every token id of ``split`` is one the model's embedding has, or an error saying which and how to fix it."""
+    vocab = vocabulary_size(model)
+    top = int(split.tokens.max()) if len(split.tokens) else -1
+    if vocab is not None and top >= vocab:
+        raise ValueError(
+            f"{what}: its tokens reach id {top}, but the model's vocabulary has {vocab} ids: tokenize it with the "
+            "tokenizer the model was built for (the datamodule's `tokenizer`), or build the model with a larger vocab_size"
+        )
+
+
+def unoptimized_parameters(engine: GhostEngine, optimizer: torch.optim.Optimizer) -> list[str]:
+    """Names of trainable parameters of the scored layers that no group of ``optimizer`` holds."""
+    inner = optimizer.optimizers if hasattr(optimizer, "optimizers") else (optimizer,)
+    held = {id(p) for opt in inner for g in opt.param_groups for p in g["params"]}
+    return [f"{layer}.{name}" for layer, module in engine.layers for name, p in module.named_parameters(recurse=False)
+            if p.requires_grad and id(p) not in held]
 
 
 class GhostSelection(SelectionCallback):
@@ -107,15 +128,43 @@ class GhostSelection(SelectionCallback):
         )
         if self.proxy_path is not None:
             self._proxy_split = self._load_proxy(getattr(trainer, "datamodule", None))
+            check_vocabulary(self._proxy_split, module, f"proxy={self.proxy_path}")
+
+    @override
+    def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        who = type(self).__name__
+        problems = needs_per_sample_loss(pl_module, who)
+        if self.proxy_path is None:
+            problems += needs_target_batch(getattr(trainer, "datamodule", None), who, "draws its proxy rows from the "
+                                           "target split", "pass proxy=FILE")
+        missing = unoptimized_parameters(self.engine, trainer.optimizers[0]) if self.engine and trainer.optimizers else []
+        if missing:
+            problems.append(
+                f"{who} scores parameters the optimizer does not update: {missing[:8]}{' …' if len(missing) > 8 else ''}. "
+                "torch.optim.Muon takes only 2-D matrices: use selection_callbacks.MuonWithAdamW (Muon on hidden "
+                "matrices, AdamW on the rest), give these parameters an optimizer group, or leave their layers out "
+                "with layers=[...]"
+            )
+        return problems
 
     def _load_proxy(self, dm: object) -> PackedSplit:
-        """The proxy file packed in score_len windows with the training data's own tokenizer."""
+        """The proxy file packed in score_len windows with the training data's own tokenizer.
+
+        A text proxy needs that tokenizer (the datamodule's ``tokenizer``): encoded any other way
+        its ids would mean other tokens than the model learned, so its absence is an error.
+        """
         cache = str(getattr(dm, "cache_dir", None) or default_cache_dir())
         if getattr(dm, "pretokenized", False):
             if not str(self.proxy_path).endswith(".bin"):
                 raise ValueError("the training data is pre-tokenized (.bin): the proxy file must be a .bin of the same ids")
             return load_token_bin(self.proxy_path, self.score_len, cache, dm.eot_id, name="proxy")
         tokenizer = getattr(dm, "tokenizer", None)
+        if tokenizer is None:
+            raise ValueError(
+                f"proxy={self.proxy_path!r} is text and the datamodule ({type(dm).__name__}) has no `tokenizer` to encode "
+                "it as the training data is encoded: give the datamodule a `tokenizer` attribute with "
+                "encode_document(text) -> ids (ByteTokenizer for a byte-level model), or pass a pre-tokenized .bin proxy"
+            )
         return pack_source(self.proxy_path, self.score_len, cache, tokenizer, name="proxy", progress=False)
 
     def _proxy_rows(self, trainer: L.Trainer, batch_idx: int, device: torch.device) -> dict[str, torch.Tensor]:
@@ -159,8 +208,7 @@ class GhostSelection(SelectionCallback):
             raise RuntimeError(f"{type(self).__name__}.setup() has not run: add the callback to the Trainer")
         resolver = self.preconditioner(trainer, k)
         self._last = self.engine.score(lambda b: per_sample_loss(pl_module, b), rows, n, resolver, self.seed)
-        sketches = self._last.sketches
-        return Scores(self._last.utilities.float(), features=None if sketches is None else sketches.float())
+        return _scores_of(self._last, n, type(self).__name__)
 
     @override
     def extra_metrics(self) -> dict[str, float]:
@@ -171,3 +219,22 @@ class GhostSelection(SelectionCallback):
         if self._last.factor_error:
             out["select/factor_error"] = float(torch.stack(list(self._last.factor_error.values())).mean())
         return out
+
+
+def _scores_of(ghost: GhostScores, n: int, who: str) -> Scores:
+    """Utilities [N] and sketches [N, m] of the candidates; a candidate whose loss is not finite scores NaN.
+
+    A NaN or inf loss has no meaningful gradient, whatever number its utility came out as, so the
+    base class's ``nonfinite`` policy decides (an error naming the samples, or ranked lowest and
+    counted in ``select/nonfinite``). A non-finite proxy loss poisons the proxy direction of every
+    candidate and is always an error.
+    """
+    losses = ghost.losses
+    if not torch.isfinite(losses[n:]).all():
+        bad = (~torch.isfinite(losses[n:])).nonzero().flatten().tolist()
+        raise FloatingPointError(
+            f"{who}: {len(bad)} proxy row(s) have a non-finite loss (rows {bad[:8]} of the proxy batch); every "
+            "utility depends on the proxy gradient: check the model on the proxy/target data"
+        )
+    utilities = torch.where(torch.isfinite(losses[:n]), ghost.utilities.float(), torch.full_like(ghost.utilities.float(), float("nan")))
+    return Scores(utilities, features=None if ghost.sketches is None else ghost.sketches.float())

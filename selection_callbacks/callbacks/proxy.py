@@ -21,6 +21,7 @@ from lightning.pytorch.utilities import rank_zero_info
 from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.callbacks.protocols import needs_proxy_builder, needs_target_batch
 from selection_callbacks.learner.reference import load_reference
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.scoring.losses import per_sample_loss
@@ -101,6 +102,18 @@ class ProxySelection(SelectionCallback):
     @abstractmethod
     def create_proxies(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         """Add this method's models with :meth:`add_proxy` / :meth:`add_reference` (called at train start)."""
+
+    def proxy_requirements(
+        self, trainer: L.Trainer, pl_module: L.LightningModule, builds: bool, pretrains: bool
+    ) -> list[str]:
+        """The needs of building proxies (``builds``) and pretraining a reference on the target split (``pretrains``)."""
+        dm, who = getattr(trainer, "datamodule", None), type(self).__name__
+        overridden = type(self).build_proxy is not ProxySelection.build_proxy
+        problems = needs_proxy_builder(overridden, pl_module, dm, who) if builds else []
+        if pretrains:
+            problems += needs_target_batch(dm, who, "pretrains its reference on the target split",
+                                           "pass reference=CKPT (train.py on the target split)")
+        return problems
 
     def build_proxy(self, trainer: L.Trainer, pl_module: L.LightningModule, purpose: str) -> nn.Module:
         """A fresh proxy whose initial weights depend only on (seed, purpose).

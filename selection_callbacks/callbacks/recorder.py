@@ -31,10 +31,17 @@ class RunRecorder(L.Callback):
 
     Args:
         out_dir: folder for ``metrics.json`` (default: the trainer's ``default_root_dir``).
+        progress_every: print a progress line on rank zero at most every this many seconds
+            (step, update tokens, tokens/s of training time, the selection's share of it, the last
+            validation); None: silent.
     """
 
-    def __init__(self, out_dir: str | None = None) -> None:
+    def __init__(self, out_dir: str | None = None, progress_every: float | None = None) -> None:
+        if progress_every is not None and progress_every <= 0:
+            raise ValueError(f"progress_every must be > 0 seconds (or None), got {progress_every}")
         self.out_dir = out_dir
+        self.progress_every = progress_every
+        self._last_print: float | None = None
         self.update_tokens = 0
         self.curve: list[list[float]] = []
         self.domain_history: list[list[Any]] = []
@@ -56,6 +63,24 @@ class RunRecorder(L.Callback):
         labels = batch.get("labels", batch.get("input_ids")) if isinstance(batch, dict) else None
         if labels is not None:
             self.update_tokens += int(labels.numel()) * trainer.world_size
+        now = time.perf_counter()
+        if self.progress_every is not None and trainer.is_global_zero:
+            if self._last_print is None:
+                self._last_print = now
+            elif now - self._last_print >= self.progress_every:
+                self._last_print = now
+                print(self.progress_line(trainer), flush=True)
+
+    def progress_line(self, trainer: L.Trainer) -> str:
+        """``[train] step s/S · tokens · tok/s · selection share · last val``."""
+        wall = self.wall_seconds()
+        selector = next((c for c in trainer.callbacks if isinstance(c, SelectionCallback)), None)
+        share = f" · selection {selector.overhead_seconds / wall:.0%} of it" if selector is not None and wall > 0 else ""
+        last = f" · val {self.curve[-1][2]:.4f} at {self.curve[-1][0]:,} tokens" if self.curve else ""
+        total = f"/{trainer.max_steps}" if trainer.max_steps and trainer.max_steps > 0 else ""
+        rate = self.update_tokens / wall if wall > 0 else 0.0
+        return (f"[train] step {trainer.global_step}{total} · {self.update_tokens:,} update tokens in {wall:.0f} s "
+                f"({rate:,.0f} tok/s){share}{last}")
 
     @override
     def on_validation_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

@@ -91,12 +91,22 @@ class Choice:
 
 
 def keep_count(n: int, ratio: float, k: int | None = None) -> int:
-    """K for a superbatch of N: ``k`` when given (N < k is an error), else round-half-up(ρ·N), at least 1."""
+    """K for a superbatch of N: ``k`` when given (N < k is an error), else round-half-up(ρ·N).
+
+    A ratio that rounds to K = 0 is an error rather than a silent K = 1 (which would train on
+    1/N, not ρ, of the candidates).
+    """
     if k is not None:
         if n < k:
             raise SuperbatchError(f"superbatch has N={n} candidates, fewer than k={k}; raise N or lower k")
         return k
-    return max(1, math.floor(ratio * n + 0.5))
+    kept = math.floor(ratio * n + 0.5)
+    if kept < 1:
+        raise SuperbatchError(
+            f"ratio={ratio} of a superbatch of N={n} rounds to K=0: raise N to ≥ {math.ceil(0.5 / ratio)} "
+            "(e.g. the datamodule's batch_size/ratio) or pass k=1 to keep one row"
+        )
+    return kept
 
 
 def finite_scores(

@@ -13,6 +13,7 @@ from torch.utils.data import DataLoader, Dataset
 from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.loader import SuperbatchLoader
 from selection_callbacks.data.packing import PackedSplit, pack_source
+from selection_callbacks.data.readers import DataSourceError, check_source
 from selection_callbacks.data.subset import SubsetError, read_subset
 from selection_callbacks.data.token_bin import PretokenizedTokenizer, load_token_bin
 from selection_callbacks.data.tokenizer import ByteTokenizer
@@ -134,8 +135,23 @@ class PoolDataModule(L.LightningDataModule):
             self.paths[name], self.seq_len, self.cache_dir, self.tokenizer, doc_filter, name=name, progress=self.progress
         )
 
+    def check_sources(self) -> None:
+        """Every split and the subset file exist and every text split decodes, before any split is tokenized."""
+        for name, path in self.paths.items():
+            if self.pretokenized:
+                if not Path(path).is_file():
+                    raise DataSourceError(f"{name} token file {str(path)!r} does not exist")
+            else:
+                try:
+                    check_source(path)
+                except DataSourceError as e:
+                    raise DataSourceError(f"{name} split: {e}") from None
+        if self.subset_path and not Path(self.subset_path).is_file():
+            raise SubsetError(f"subset file {str(self.subset_path)!r} does not exist (--data.subset)")
+
     def prepare_data(self) -> None:
-        """Tokenize and cache every split once (local rank 0 only under DDP)."""
+        """Tokenize and cache every split once (local rank 0 only under DDP), after :meth:`check_sources`."""
+        self.check_sources()
         for name in self.paths:
             self._pack(name)
         subset = read_subset(self.subset_path) if self.subset_path else None
@@ -145,6 +161,7 @@ class PoolDataModule(L.LightningDataModule):
     def setup(self, stage: str | None = None) -> None:
         if self.splits:
             return
+        self.check_sources()
         for name in self.paths:
             self.splits[name] = self._pack(name)
         pool = self.splits["pool"]

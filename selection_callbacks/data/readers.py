@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import codecs
 import json
 from collections.abc import Iterator
 from dataclasses import dataclass
@@ -34,6 +35,45 @@ def source_files(path: str | Path) -> list[Path]:
     if not files:
         raise DataSourceError(f"folder {str(p)!r} holds no {', '.join(TEXT_SUFFIXES)}, .jsonl or .parquet files")
     return files
+
+
+def check_source(path: str | Path) -> list[Path]:
+    """The source's files, after checking that each exists and that every jsonl file is UTF-8.
+
+    Cheap next to tokenizing (one read of the bytes), so a datamodule runs it on every split
+    before packing any: a bad byte or a missing file is named, with file and line, up front.
+    """
+    files = source_files(path)
+    for f in files:
+        if f.suffix.lower() == ".jsonl":
+            _check_utf8(f)
+    return files
+
+
+def _check_utf8(f: Path) -> None:
+    decoder = codecs.getincrementaldecoder("utf-8")()
+    try:
+        with f.open("rb") as handle:
+            while chunk := handle.read(1 << 24):
+                decoder.decode(chunk)
+            decoder.decode(b"", final=True)
+    except UnicodeDecodeError:
+        _raise_at_bad_line(f)
+    except OSError as e:
+        raise DataSourceError(f"cannot read {str(f)!r}: {e}") from e
+
+
+def _raise_at_bad_line(f: Path) -> None:
+    """Find the first line of ``f`` that is not UTF-8 and raise a :class:`DataSourceError` naming it."""
+    with f.open("rb") as handle:
+        for i, raw in enumerate(handle):
+            try:
+                raw.decode("utf-8")
+            except UnicodeDecodeError as e:
+                raise DataSourceError(
+                    f"{f}:{i + 1}: byte 0x{raw[e.start]:02x} at column {e.start + 1} is not UTF-8 ({e.reason}); "
+                    "re-encode the file as UTF-8 (e.g. iconv -f latin1 -t utf-8) or drop the line"
+                ) from None
 
 
 def iter_documents(path: str | Path) -> Iterator[Document]:
@@ -76,11 +116,15 @@ def _row_document(row: dict, default_id: str, where: str) -> Document:
 
 def _iter_jsonl(f: Path) -> Iterator[Document]:
     try:
-        handle = f.open(encoding="utf-8")
+        handle = f.open("rb")
     except OSError as e:
         raise DataSourceError(f"cannot read {str(f)!r}: {e}") from e
     with handle:
-        for i, line in enumerate(handle):
+        for i, raw in enumerate(handle):
+            try:
+                line = raw.decode("utf-8")
+            except UnicodeDecodeError:
+                _raise_at_bad_line(f)
             if not line.strip():
                 continue
             try:

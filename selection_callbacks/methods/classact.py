@@ -10,6 +10,7 @@ import torch
 from typing_extensions import override
 
 from selection_callbacks.core.selection import SelectionRecord
+from selection_callbacks.callbacks.protocols import needs_per_sample_loss
 from selection_callbacks.callbacks.proxy import ProxySelection
 
 
@@ -105,6 +106,13 @@ class ClassActSelection(ProxySelection):
         self.online = online or ("proxy" if variant == "report" else "learner")
         self.proxy_lr, self.reference_lr_scale = proxy_lr, reference_lr_scale
         self._mean_losses: tuple[float, float] | None = None
+
+    @override
+    def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        own_reference = self.variant == "paper" and self.reference is None
+        problems = needs_per_sample_loss(pl_module, type(self).__name__) if self.online == "learner" else []
+        return problems + self.proxy_requirements(
+            trainer, pl_module, builds=own_reference or self.online == "proxy", pretrains=own_reference)
 
     @override
     def create_proxies(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:

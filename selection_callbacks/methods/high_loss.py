@@ -10,6 +10,7 @@ import torch
 from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.callbacks.protocols import needs_per_sample_loss
 from selection_callbacks.scoring.losses import per_sample_loss
 
 
@@ -29,6 +30,10 @@ class HighLossSelection(SelectionCallback):
 
     def __init__(self, ratio: float = 0.5, **kwargs: Any) -> None:
         super().__init__(ratio=ratio, **kwargs)
+
+    @override
+    def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        return needs_per_sample_loss(pl_module, type(self).__name__)
 
     @override
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:

@@ -55,6 +55,16 @@ class OPUSSelection(GhostSelection):
         return OptimizerPreconditioner(trainer.optimizers[0])
 
     @override
+    def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        problems = super().requirements(trainer, pl_module)
+        try:
+            if trainer.optimizers:
+                OptimizerPreconditioner(trainer.optimizers[0])
+        except TypeError as e:
+            problems.append(f"{e}: OPUS preconditions by the optimizer's own step")
+        return problems
+
+    @override
     def calibrate(self, scores: Scores, k: int) -> Scores:
         u = scores.values.float()
         scale = u.std() if u.numel() > 1 else torch.tensor(0.0)

@@ -8,6 +8,7 @@ import torch
 from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.callbacks.protocols import needs_domain_names
 from selection_callbacks.core.rng import micro_batch_generator
 
 
@@ -36,6 +37,10 @@ class OracleDomainSelection(SelectionCallback):
     ) -> None:
         super().__init__(ratio=ratio, k=k, sampling="top_k", seed=seed)
         self.target_domains = target_domains
+
+    @override
+    def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        return needs_domain_names(getattr(trainer, "datamodule", None), type(self).__name__)
 
     def _wanted_codes(self, trainer: L.Trainer) -> list[int]:
         dm = getattr(trainer, "datamodule", None)

@@ -17,6 +17,7 @@ import torch
 from typing_extensions import override
 
 from selection_callbacks.offline.reference_losses import ReferenceLossTable
+from selection_callbacks.callbacks.protocols import needs_per_sample_loss
 from selection_callbacks.callbacks.proxy import ProxySelection
 
 
@@ -85,6 +86,12 @@ class RhoLossSelection(ProxySelection):
         self.reference_losses, self.reference_lr = reference_losses, reference_lr
         self.table: ReferenceLossTable | None = None
         self._mean_losses: tuple[float, float] | None = None
+
+    @override
+    def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        own = self.reference_losses is None and self.reference is None
+        return needs_per_sample_loss(pl_module, type(self).__name__) + self.proxy_requirements(
+            trainer, pl_module, builds=own, pretrains=own)
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:

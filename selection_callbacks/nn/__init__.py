@@ -1,4 +1,5 @@
 """Plain torch models and optimizers (never Lightning): ``gpt`` (the GPT used as learner and proxy),
-``optim`` (Muon+AdamW as one optimizer, the optimizer builder, the warmup-cosine schedule)."""
+``optim`` (Muon+AdamW as one optimizer, the optimizer builder, the warmup-cosine schedule), ``heads``
+(which Linear is a model's output head)."""
 
-__all__ = ["gpt", "optim"]
+__all__ = ["gpt", "heads", "optim"]

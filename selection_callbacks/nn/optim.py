@@ -9,6 +9,8 @@ from typing import Any
 import torch
 import torch.nn as nn
 
+from selection_callbacks.nn.heads import output_heads
+
 
 class MuonWithAdamW(torch.optim.Optimizer):
     """``torch.optim.Muon`` for 2-D hidden matrices and ``torch.optim.AdamW`` for everything else.
@@ -89,15 +91,21 @@ class MuonWithAdamW(torch.optim.Optimizer):
 
 
 def split_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """(hidden 2-D matrices, other 2-D weights: embeddings and head, 1-D: norms and biases)."""
+    """(hidden 2-D matrices, other 2-D weights: embeddings and head, 1-D: norms and biases).
+
+    The head is found by :func:`~selection_callbacks.nn.heads.output_heads`; a tied head shares
+    the embedding's parameter, which is listed once.
+    """
     hidden, other2d, flat = [], [], []
-    for module in model.modules():
+    heads, seen = output_heads(model), set()
+    for module_name, module in model.named_modules():
         for name, p in module.named_parameters(recurse=False):
-            if not p.requires_grad:
+            if not p.requires_grad or id(p) in seen:
                 continue
+            seen.add(id(p))
             if p.ndim < 2:
                 flat.append(p)
-            elif isinstance(module, nn.Embedding) or getattr(module, "is_output_head", False):
+            elif isinstance(module, nn.Embedding) or module_name in heads:
                 other2d.append(p)
             else:
                 hidden.append(p)

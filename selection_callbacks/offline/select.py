@@ -39,6 +39,7 @@ from selection_callbacks.offline.corpus import Budget, Corpus, Selection, Select
 from selection_callbacks.offline.datamask import DatamaskConfig, select_datamask
 from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
 from selection_callbacks.offline.features import FEATURE_VERSION
+from selection_callbacks.offline.oracle import OracleConfig, select_oracle
 from selection_callbacks.offline.policy import PolicyConfig, select_policy
 from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, select_warmup_delta
 
@@ -67,6 +68,9 @@ SELECTORS: dict[str, Selector] = {
     ),
     "autodata": Selector(
         AutoDataConfig, select_autodata, "AutoData: apply a selection recipe (a file or a preset) to the feature bank"
+    ),
+    "oracle": Selector(
+        OracleConfig, select_oracle, "offline labelled oracle: the target's domains first (reads labels: a ceiling)"
     ),
 }
 

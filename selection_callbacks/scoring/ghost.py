@@ -28,6 +28,7 @@ from typing import Literal
 import torch
 import torch.nn as nn
 
+from selection_callbacks.nn.heads import output_heads
 from selection_callbacks.scoring.preconditioners import DiagonalMap, Preconditioner, Resolver, ScalarMap, rows_matmul
 from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSidedProjection, sketch_blocks
 
@@ -63,16 +64,18 @@ def scored_layers(
 ) -> list[tuple[str, nn.Module]]:
     """Every ``nn.Linear`` (the output head only if asked) and, if asked, every ``nn.Embedding``.
 
-    A position table (an embedding looked up with 1-D ids and broadcast over rows) cannot be
-    captured per sample; the engine skips it and lists it in ``GhostScores.shared``.
+    The head is found structurally (:func:`selection_callbacks.nn.heads.output_heads`: marked,
+    tied to the embedding, or the vocabulary-sized Linear). A position table (an embedding looked
+    up with 1-D ids and broadcast over rows) cannot be captured per sample; the engine skips it
+    and lists it in ``GhostScores.shared``.
     """
     out = []
+    heads = output_heads(model)
     for name, module in model.named_modules():
         if name in exclude:
             continue
         if isinstance(module, nn.Linear):
-            is_head = getattr(module, "is_output_head", False) or name.split(".")[-1] == "lm_head"
-            if include_head or not is_head:
+            if include_head or name not in heads:
                 out.append((name, module))
         elif isinstance(module, nn.Embedding) and include_embedding:
             out.append((name, module))
@@ -93,7 +96,7 @@ class GhostEngine:
     Args:
         model: the (unwrapped) module whose layers are scored.
         include_embedding: also score ``nn.Embedding`` weights.
-        include_head: also score the output head (``lm_head`` / ``is_output_head``).
+        include_head: also score the output head (found by :func:`~selection_callbacks.nn.heads.output_heads`).
         sketch_dim: m; 0 disables sketches. With ``"tensor"`` each scored layer owns a block of the
             bins in proportion to its weight size (:func:`sketch_blocks`), at least one.
         sketch: ``"tensor"`` (TensorSketch; AdamW through its rank-1 factorised D), ``"count"``
