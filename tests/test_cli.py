@@ -27,7 +27,7 @@ SCRIPT = shutil.which("selection-callbacks", path=str(Path(sys.executable).paren
 NEW = {"script": [SCRIPT], "module": [sys.executable, "-m", "selection_callbacks"]}
 ENV = {**os.environ, "COLUMNS": "200"}  # wide help, so no line breaks inside a help text
 
-SELECTORS = ("dsir", "warmup_delta", "policy", "datamask", "autodata")
+SELECTORS = ("dsir", "warmup_delta", "policy", "datamask", "autodata", "oracle")
 PATHS = [
     ("select",), *(("select", s) for s in SELECTORS),
     ("autodata",), ("autodata", "search"), ("autodata", "report"), ("autodata", "schema"),
@@ -38,6 +38,7 @@ PATHS = [
 NEW_RUNS = [
     ("script", ()), ("script", ("select",)), ("script", ("select", "dsir")), ("script", ("select", "policy")),
     ("module", ("select", "warmup_delta")), ("module", ("select", "datamask")), ("module", ("select", "autodata")),
+    ("script", ("select", "oracle")),
     ("script", ("autodata",)), ("script", ("autodata", "search")), ("script", ("autodata", "schema")),
     ("module", ("autodata", "report")),
     ("script", ("ledger",)), ("script", ("ledger", "export")), ("module", ("ledger", "summary")),
