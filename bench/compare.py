@@ -136,7 +136,9 @@ class Plan:
             "threads": args.threads,
             "tuned": self.tuned.read_text() if self.tuned else None,
         }
-        self.config_hash = hashlib.sha256(json.dumps(self.config, sort_keys=True).encode()).hexdigest()[:12]
+        # an untuned run hashes as runs made before tuned baselines existed (they were untuned too)
+        hashed = {k: v for k, v in self.config.items() if not (k == "tuned" and v is None)}
+        self.config_hash = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:12]
 
     def run_dir(self, method: Method, seed: int) -> Path:
         return Path(self.args.out) / "runs" / self.config_hash / method.name / f"seed{seed}"

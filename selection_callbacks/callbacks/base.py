@@ -15,6 +15,7 @@ from typing_extensions import override
 from selection_callbacks.core.contract import SuperbatchError, per_sample_keys, subset_in_place, superbatch_size
 from selection_callbacks.core.domains import domain_names
 from selection_callbacks.core.rng import micro_batch_generator
+from selection_callbacks.data.datamodule import candidates_per_rank
 from selection_callbacks.core.sampling import effective_sample_size, make_rule
 from selection_callbacks.core.selection import (
     Choice,
@@ -289,7 +290,7 @@ def fit_problems(selector: SelectionCallback, callbacks: list[L.Callback], datam
                         "subset what the previous one kept: pass exactly one")
     k, ratio = getattr(datamodule, "batch_size", None), getattr(datamodule, "ratio", None)
     if isinstance(k, int) and isinstance(ratio, float | int) and 0 < ratio <= 1:
-        n = max(1, round(k / ratio))
+        n = getattr(datamodule, "superbatch_size", None) or candidates_per_rank(k, ratio)
         try:
             kept = selector.keep(n)
         except SuperbatchError as e:

@@ -63,8 +63,8 @@ class RunRecorder(L.Callback):
         labels = batch.get("labels", batch.get("input_ids")) if isinstance(batch, dict) else None
         if labels is not None:
             self.update_tokens += int(labels.numel()) * trainer.world_size
-        now = time.perf_counter()
         if self.progress_every is not None and trainer.is_global_zero:
+            now = time.perf_counter()
             if self._last_print is None:
                 self._last_print = now
             elif now - self._last_print >= self.progress_every:
