@@ -242,6 +242,7 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
         "selection_seconds": online_seconds + selection_seconds,
         "domains": sel.get("domains", {}),
         "domain_history": m.get("domain_history", []),
+        "machine": m.get("machine"),
         "run_dir": str(run_dir.relative_to(Path(plan.args.out))),
     }
 
@@ -257,7 +258,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     for seed in seeds:  # seed-major: a partial comparison is already paired
         for method in methods:
             run = run_one(plan, method, seed)
-            results["methods"].setdefault(method.name, {"offline": method.offline, "runs": []})["runs"].append(run)
+            results["methods"].setdefault(method.name, {"offline": method.offline, "family": method.family, "runs": []})["runs"].append(run)
     for name, entry in results["methods"].items():
         base = {r["seed"]: r["wall_seconds"] for r in results["methods"]["random"]["runs"]}
         for r in entry["runs"]:

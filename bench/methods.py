@@ -33,6 +33,9 @@ class Method:
             data, e.g. a recipe; their text is part of the method's identity.
         settings: offline: overrides → the selector's effective config as text, part of the
             method's identity (a changed default reselects instead of reusing a stale subset).
+        family: the plot a report draws it in (beside random and both oracles): ``loss`` (scores
+            from losses), ``gradient`` (scores from per-sample gradients), ``offline`` (a subset
+            chosen before training), ``reference`` (random and the oracles, on every plot).
     """
 
     name: str
@@ -40,6 +43,7 @@ class Method:
     select: OfflineSelector | None = None
     inputs: tuple[str, ...] = ()
     settings: Callable[[list[tuple[str, str]]], str] | None = None
+    family: str = "offline"
 
     @property
     def offline(self) -> bool:
@@ -47,16 +51,16 @@ class Method:
 
 
 REGISTRY: dict[str, Method] = {
-    "random": Method("random", config="configs/method/random.yaml"),
-    "high_loss": Method("high_loss", config="configs/method/high_loss.yaml"),
-    "oracle": Method("oracle", config="configs/method/oracle.yaml"),
-    "opus": Method("opus", config="configs/method/opus.yaml"),
-    "opus_greedy": Method("opus_greedy", config="configs/method/opus_greedy.yaml"),
-    "greats": Method("greats", config="configs/method/greats.yaml"),
+    "random": Method("random", config="configs/method/random.yaml", family="reference"),
+    "high_loss": Method("high_loss", config="configs/method/high_loss.yaml", family="loss"),
+    "oracle": Method("oracle", config="configs/method/oracle.yaml", family="reference"),
+    "opus": Method("opus", config="configs/method/opus.yaml", family="gradient"),
+    "opus_greedy": Method("opus_greedy", config="configs/method/opus_greedy.yaml", family="gradient"),
+    "greats": Method("greats", config="configs/method/greats.yaml", family="gradient"),
     # the rho and classact references are pretrained on the target split at the start of each run
-    "rho": Method("rho", config="configs/method/rho.yaml"),
-    "classact": Method("classact", config="configs/method/classact.yaml"),
-    "classact_report": Method("classact_report", config="configs/method/classact_report.yaml"),
+    "rho": Method("rho", config="configs/method/rho.yaml", family="loss"),
+    "classact": Method("classact", config="configs/method/classact.yaml", family="loss"),
+    "classact_report": Method("classact_report", config="configs/method/classact_report.yaml", family="loss"),
     # offline: the subset holds the tokens the run trains on (selection_callbacks.offline.select)
     "dsir": Method("dsir", select=partial(bench_select, "dsir"), settings=partial(selector_settings, "dsir")),
     "warmup_delta": Method("warmup_delta", select=partial(bench_select, "warmup_delta"), settings=partial(selector_settings, "warmup_delta")),
@@ -64,7 +68,7 @@ REGISTRY: dict[str, Method] = {
     "datamask": Method("datamask", select=partial(bench_select, "datamask"), settings=partial(selector_settings, "datamask")),
     # the offline labelled oracle: the ceiling offline methods are measured against
     "oracle_offline": Method("oracle_offline", select=partial(bench_select, "oracle"),
-                             settings=partial(selector_settings, "oracle")),
+                             settings=partial(selector_settings, "oracle"), family="reference"),
     # the recipe exported by the AutoData search (bench/results/autodata), applied with each seed
     "autodata": Method(
         "autodata", select=partial(bench_select, "autodata"), inputs=("configs/recipes/autodata_best.json",),

@@ -9,6 +9,8 @@ from typing import Any
 
 import numpy as np
 
+from selection_callbacks.core.machine_load import describe_load
+
 
 ORACLES = {False: "oracle", True: "oracle_offline"}
 """The labelled ceiling of each kind: online methods against the online oracle, offline ones against the offline."""
@@ -72,7 +74,7 @@ def summarize(results: dict[str, Any]) -> dict[str, dict[str, Any]]:
         }
     for name, s in out.items():  # each method against the ceiling of its kind
         ceiling = ORACLES[bool(methods[name].get("offline"))]
-        if ceiling in out:
+        if ceiling in out and name != "random":
             gain = -out[ceiling]["diff_mean"]
             s["oracle_share"] = (-s["diff_mean"] / gain) if gain > 0 else float("nan")
             s["oracle_kind"] = ceiling
@@ -110,22 +112,30 @@ def tuning_line(cfg: dict[str, Any]) -> str:
     return f"Baseline tuned by `bench.tune` (`configs/tuned`): {values}."
 
 
+def load_lines(results: dict[str, Any]) -> list[str]:
+    """Which runs trained alone and which beside other jobs, from what each run recorded."""
+    rows = []
+    for name, entry in results["methods"].items():
+        cells = []
+        for r in entry["runs"]:
+            m = r.get("machine") or {}
+            loads = [x for _, x in m.get("load_average", []) if x is not None]
+            span = f"; load {min(loads):.1f}–{max(loads):.1f}" if loads else ""
+            cells.append(f"seed {r['seed']}: {describe_load(m.get('other_cpus'), m.get('cpus'))}{span}")
+        rows.append(f"| {name} | " + "; ".join(cells) + " |")
+    return ["Machine load while each run trained (other processes' mean CPUs from `/proc/stat`, and the range of "
+            "the 1-minute load average, which counts the run's own threads): wall-clock columns compare fairly only "
+            "between runs trained alone.", "", "| method | runs |", "|---|---|", *rows]
+
+
 def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]]) -> str:
     cfg = results["config"]
     lines = [
         "# Method comparison",
         "",
         f"commit `{results['commit']}` · config `{results['config_hash']}` · {cfg['steps']} steps, "
-        f"{cfg['tokens']:,} update tokens, ratio {cfg['ratio']}, optimizer {cfg['optimizer']}",
-        "",
-        tuning_line(cfg),
-        "",
-        "Final val bits-per-byte (mean ± std over seeds). Δ is the paired difference against random "
-        "(negative is better) with a two-sided paired t-test. *Tokens* and *wall* are the update tokens and "
-        "training seconds (selection included) a method needs to reach random's final bpb, relative to random's "
-        "full run (interpolated on the validation curves). The oracle share is the method's Δ over the Δ of the "
-        "labelled oracle of its kind: `oracle` (online, the target's domains first in each superbatch) for online "
-        "methods, `oracle_offline` (the target's domains first in the whole pool) for offline ones.",
+        f"{cfg['tokens']:,} update tokens, ratio {cfg['ratio']}, optimizer {cfg['optimizer']}. "
+        + tuning_line(cfg),
         "",
         "| method | seeds | val bpb | Δ vs random | p | tokens to random's bpb | wall to random's bpb | step time × | "
         "selection overhead | share of its oracle's gain |",
@@ -138,42 +148,93 @@ def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]])
             f"{fmt_relative(s['tokens_to_random'])} | {fmt_relative(s['wall_to_random'])} | {s['step_time_ratio']:.2f} | "
             f"{100 * s['overhead_fraction']:.1f}% | {fmt_value(s.get('oracle_share', float('nan')), '.0%')} |"
         )
-    lines += ["", "Domain share of the kept candidates (whole run, mean over seeds):", ""]
+    lines += [
+        "",
+        "Final val bits-per-byte (mean ± std over seeds). Δ is the paired difference against random "
+        "(negative is better) with a two-sided paired t-test. *Tokens* and *wall* are the update tokens and "
+        "training seconds (selection included) a method needs to reach random's final bpb, relative to random's "
+        "full run (interpolated on the validation curves). The oracle share is the method's Δ over the Δ of the "
+        "labelled oracle of its kind: `oracle` (online, the target's domains first in each superbatch) for online "
+        "methods, `oracle_offline` (the target's domains first in the whole pool) for offline ones.",
+        "",
+    ]
+    lines += [f"![{family}](curves_{family}.png)" for family in families(results)]
+    lines += ["", *load_lines(results), "", "Domain share of the kept candidates (whole run, mean over seeds):", ""]
     domains = sorted({d for e in results["methods"].values() for r in e["runs"] for d in r["domains"]})
     lines.append("| method | " + " | ".join(domains) + " |")
     lines.append("|---|" + "---:|" * len(domains))
     for name, entry in results["methods"].items():
         shares = [np.mean([r["domains"].get(d, 0.0) for r in entry["runs"]]) for d in domains]
         lines.append(f"| {name} | " + " | ".join(f"{100 * x:.1f}%" for x in shares) + " |")
-    lines += ["", "![val bpb vs update tokens](bpb_vs_tokens.png)", "![val bpb vs wall-clock](bpb_vs_wall.png)",
-              "![domain composition](domains_over_time.png)", ""]
+    lines += ["", "![domain composition](domains_over_time.png)", ""]
     return "\n".join(lines)
 
 
+REFERENCES = {"random": ("black", "-"), "oracle": ("0.45", "--"), "oracle_offline": ("0.45", ":")}
+"""Drawn on every family's plot, in these colours and line styles."""
+
+
+def families(results: dict[str, Any]) -> dict[str, list[str]]:
+    """Method names by family (a method without one, e.g. in older results, is ``other``); references excluded.
+    With references only, one ``baselines`` plot."""
+    out: dict[str, list[str]] = {}
+    for name, entry in results["methods"].items():
+        if name not in REFERENCES:
+            out.setdefault(entry.get("family") or "other", []).append(name)
+    return out or {"baselines": []}
+
+
+def seed_band(curves: list[np.ndarray], column: int) -> tuple[np.ndarray, np.ndarray, np.ndarray] | None:
+    """Mean x, mean bpb and the 95% t half-width of the mean bpb over seeds at each evaluation
+    (curves share their evaluation grid); None for fewer than two seeds or unequal grids."""
+    if len(curves) < 2 or len({c.shape for c in curves}) != 1:
+        return None
+    from scipy import stats
+
+    grid = np.stack([c[:, [column, 2]] for c in curves])
+    n = grid.shape[0]
+    half = stats.t.ppf(0.975, n - 1) * grid[:, :, 1].std(0, ddof=1) / np.sqrt(n)
+    return grid[:, :, 0].mean(0), grid[:, :, 1].mean(0), half
+
+
+def _draw(ax, entry: dict[str, Any], column: int, color, style: str, label: str) -> None:
+    curves = [np.asarray(r["curve"], dtype=float) for r in entry["runs"]]
+    band = seed_band(curves, column)
+    if band is None:
+        for i, c in enumerate(curves):
+            ax.plot(c[:, column], c[:, 2], color=color, ls=style, lw=1.6, label=label if i == 0 else None)
+        return
+    x, y, half = band
+    ax.plot(x, y, color=color, ls=style, lw=1.8, label=label)
+    ax.fill_between(x, y - half, y + half, color=color, alpha=0.15, lw=0)
+
+
 def plot(results: dict[str, Any], out: Path) -> None:
+    """One figure per method family: val bpb against update tokens and against wall-clock, random and
+    both oracles on each, bands the 95% interval of the seeds' mean, the legend outside the axes."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    for column, fname, xlabel in ((0, "bpb_vs_tokens.png", "update tokens"), (1, "bpb_vs_wall.png", "training seconds")):
-        fig, ax = plt.subplots(figsize=(7, 4.5))
-        for i, (name, entry) in enumerate(results["methods"].items()):
-            color = f"C{i}"
-            for j, r in enumerate(entry["runs"]):
-                c = np.asarray(r["curve"])
-                ax.plot(c[:, column], c[:, 2], color=color, alpha=0.35 if len(entry["runs"]) > 1 else 1.0, lw=1)
-            grid = np.asarray([np.asarray(r["curve"])[:, [column, 2]] for r in entry["runs"]])
-            if grid.ndim == 3 and grid.shape[0] > 1:
-                ax.plot(grid[:, :, 0].mean(0), grid[:, :, 1].mean(0), color=color, lw=2, label=name)
-            else:
-                ax.plot([], [], color=color, lw=2, label=name)
-        ax.set_xlabel(xlabel)
-        ax.set_ylabel("val bits per byte")
-        ax.grid(alpha=0.3)
-        ax.legend()
+    methods = results["methods"]
+    for family, names in families(results).items():
+        fig, axes = plt.subplots(1, 2, figsize=(11, 4.2), sharey=True)
+        palette = plt.get_cmap("tab10" if len(names) <= 10 else "tab20")
+        for ax, (column, xlabel) in zip(axes, ((0, "update tokens"), (1, "training seconds (selection included)"))):
+            for name, (color, style) in REFERENCES.items():
+                if name in methods:
+                    _draw(ax, methods[name], column, color, style, name)
+            for i, name in enumerate(names):
+                _draw(ax, methods[name], column, palette(i), "-", name)
+            ax.set_xlabel(xlabel)
+            ax.grid(alpha=0.3)
+        axes[0].set_ylabel("val bits per byte")
+        fig.suptitle(f"{family}: mean over {max(len(e['runs']) for e in methods.values())} seeds, "
+                     "bands = 95% interval of the mean")
+        axes[1].legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=9)
         fig.tight_layout()
-        fig.savefig(out / fname, dpi=110)
+        fig.savefig(out / f"curves_{family}.png", dpi=110, bbox_inches="tight")
         plt.close(fig)
     _plot_domains(results, out, plt)
 

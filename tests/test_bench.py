@@ -85,8 +85,11 @@ def test_report_and_plots(bench_run) -> None:
     for name in ("random", "high_loss", "oracle", "first_docs"):
         assert f"| {name} | 2 |" in report
     assert "Δ vs random" in report and "share of its oracle" in report
-    for png in ("bpb_vs_tokens.png", "bpb_vs_wall.png", "domains_over_time.png"):
-        assert (root / "out" / png).stat().st_size > 5000
+    assert report.index("| method | seeds |") < report.index("Final val bits-per-byte")  # the table first
+    for png in ("curves_loss.png", "curves_offline.png", "domains_over_time.png"):  # a plot per family
+        assert f"({png})" in report and (root / "out" / png).stat().st_size > 5000
+    assert not (root / "out" / "curves_reference.png").exists()  # random and the oracle are on every plot
+    assert "| random | seed 0: alone" in report or "| random | seed 0: beside ~" in report
 
 
 def test_rerun_skips_finished_runs(bench_run, tiny_corpus, capsys) -> None:

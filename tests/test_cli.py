@@ -32,7 +32,7 @@ PATHS = [
     ("select",), *(("select", s) for s in SELECTORS),
     ("autodata",), ("autodata", "search"), ("autodata", "report"), ("autodata", "schema"),
     ("ledger",), ("ledger", "export"), ("ledger", "summary"),
-    ("reference-losses",), ("bench-proxy",), ("corpus",),
+    ("reference-losses",), ("bench-proxy",), ("corpus",), ("packages",),
 ]
 # (entry point, subcommand path): each path runs once, each top-level tool through both entry points
 NEW_RUNS = [
@@ -44,6 +44,7 @@ NEW_RUNS = [
     ("script", ("ledger",)), ("script", ("ledger", "export")), ("module", ("ledger", "summary")),
     ("script", ("reference-losses",)), ("module", ("reference-losses",)),
     ("script", ("bench-proxy",)), ("module", ("bench-proxy",)), ("script", ("corpus",)), ("module", ("corpus",)),
+    ("script", ("packages",)), ("module", ("packages",)),
 ]
 # old module path (+ its sub-subcommand) → the subcommand path holding the same parser
 OLD_RUNS = [
@@ -55,6 +56,7 @@ OLD_RUNS = [
     (("selection_callbacks.offline.bench_proxy",), ("bench-proxy",)),
     (("selection_callbacks.data.default",), ("corpus",)),
     (("selection_callbacks.data.default_corpus",), ("corpus",)),
+    (("selection_callbacks.data.package_corpus",), ("packages",)),
 ]
 BENCH = ("compare", "datamask_scale", "equal_wall", "ghost", "headline", "sketch_error", "steptime")
 

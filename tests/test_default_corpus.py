@@ -13,11 +13,10 @@ from pathlib import Path
 
 import pytest
 
+from selection_callbacks.data.corpus_docs import MAX_DOC_BYTES, MIN_DOC_BYTES
 from selection_callbacks.data.default_corpus import (
     CARD_FILE,
     DOMAINS,
-    MAX_DOC_BYTES,
-    MIN_DOC_BYTES,
     POOL_CAPS,
     SPLIT_FILES,
     build_default_corpus,

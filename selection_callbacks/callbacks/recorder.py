@@ -2,15 +2,18 @@
 
 from __future__ import annotations
 
+import os
 import time
 from pathlib import Path
 from typing import Any
 
 import lightning as L
+import torch
 from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.core.io import write_json_atomic
+from selection_callbacks.core.machine_load import LoadSnapshot, load_average, other_cpu_seconds
 
 
 class RunRecorder(L.Callback):
@@ -24,6 +27,12 @@ class RunRecorder(L.Callback):
     Update tokens count the label tokens the optimizer trained on (after selection), summed
     over ranks; wall-clock is training time with validation excluded. The file is rewritten
     after each validation (rank zero), so an interrupted run keeps its curve.
+
+    ``machine`` says how busy the machine was while the run trained (rank zero's view,
+    :mod:`selection_callbacks.core.machine_load`): ``other_cpus``, the mean number of CPUs other
+    processes held, and the 1-minute load average at each validation, so a report can tell runs
+    trained alone from runs trained beside other jobs (other ranks on the same machine count as
+    other work).
 
     Example::
 
@@ -48,15 +57,42 @@ class RunRecorder(L.Callback):
         self.summary: dict[str, Any] = {}
         self._train_seconds = 0.0
         self._resumed_at: float | None = None
+        self._load_start: LoadSnapshot | None = None
+        self._other_cpu_seconds = 0.0  # of earlier segments (before a resume)
+        self._load_wall_seconds = 0.0
+        self.load_history: list[list[float | None]] = []
 
     def wall_seconds(self) -> float:
         """Training seconds so far, validation excluded."""
         running = time.perf_counter() - self._resumed_at if self._resumed_at is not None else 0.0
         return self._train_seconds + running
 
+    def _load_totals(self) -> tuple[float | None, float]:
+        """Other processes' CPU-seconds (None without ``/proc/stat``) and the wall seconds they span, so far."""
+        other: float | None = self._other_cpu_seconds
+        wall = self._load_wall_seconds
+        if self._load_start is not None:
+            now = LoadSnapshot.now()
+            segment = other_cpu_seconds(self._load_start, now)
+            other = None if segment is None else other + segment
+            wall += now.wall - self._load_start.wall
+        return other, wall
+
+    def machine_load(self) -> dict[str, Any]:
+        """``{"cpus", "torch_threads", "other_cpus", "load_average"}`` of the run so far (other_cpus: None
+        where the platform has no ``/proc/stat``)."""
+        other, wall = self._load_totals()
+        return {
+            "cpus": os.cpu_count(),
+            "torch_threads": torch.get_num_threads(),
+            "other_cpus": None if other is None or wall <= 0 else round(other / wall, 3),
+            "load_average": self.load_history,
+        }
+
     @override
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._resumed_at = time.perf_counter()
+        self._load_start = LoadSnapshot.now()
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -97,6 +133,8 @@ class RunRecorder(L.Callback):
         metric = "val/bpb" if "val/bpb" in metrics else "val/loss"  # loss when bytes are unknown (.bin data)
         if metric in metrics and (not self.curve or self.curve[-1][0] != self.update_tokens):
             self.curve.append([self.update_tokens, round(self._train_seconds, 3), metrics[metric]])
+        if not self.load_history or self.load_history[-1][0] != self.update_tokens:
+            self.load_history.append([self.update_tokens, load_average()])
         selector = next((c for c in trainer.callbacks if isinstance(c, SelectionCallback)), None)
         if selector is not None and (not self.domain_history or self.domain_history[-1][0] != self.update_tokens):
             self.domain_history.append([self.update_tokens, dict(selector.domain_counts)])
@@ -110,6 +148,7 @@ class RunRecorder(L.Callback):
             "curve_metric": metric.replace("/", "_"),
             "domain_history": self.domain_history,
             "selection": selector.summary() if selector is not None else None,
+            "machine": self.machine_load(),
         }
         if trainer.is_global_zero:
             self.write(Path(self.out_dir or trainer.default_root_dir) / "metrics.json")
@@ -126,6 +165,7 @@ class RunRecorder(L.Callback):
             "curve": self.curve,
             "domain_history": self.domain_history,
             "train_seconds": self.wall_seconds(),
+            "load": dict(zip(("other_cpu_seconds", "wall_seconds"), self._load_totals()), history=self.load_history),
         }
 
     @override
@@ -134,3 +174,7 @@ class RunRecorder(L.Callback):
         self.curve = [list(p) for p in state_dict["curve"]]
         self.domain_history = [list(p) for p in state_dict["domain_history"]]
         self._train_seconds = float(state_dict["train_seconds"])
+        load = state_dict.get("load", {})  # absent in checkpoints written before load was recorded
+        self._other_cpu_seconds = float(load.get("other_cpu_seconds") or 0.0)
+        self._load_wall_seconds = float(load.get("wall_seconds", 0.0))
+        self.load_history = [list(p) for p in load.get("history", [])]

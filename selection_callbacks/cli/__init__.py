@@ -7,6 +7,7 @@
     selection-callbacks reference-losses --ckpt REF.ckpt --pool POOL --seq-len T --out FILE.npz
     selection-callbacks bench-proxy --pool POOL --target TARGET --budget-tokens B --out PROXY.jsonl
     selection-callbacks corpus --out data/default
+    selection-callbacks packages --out data/packages
     selection-callbacks <subcommand> [<sub-subcommand>] --help      # every option, with its help
 
 ``python -m selection_callbacks`` is the same command. Each subcommand's parser is its tool's own
@@ -35,6 +36,7 @@ TOOLS: dict[str, str] = {
     "reference-losses": "selection_callbacks.offline.reference_losses",
     "bench-proxy": "selection_callbacks.offline.bench_proxy",
     "corpus": "selection_callbacks.data.default_corpus",
+    "packages": "selection_callbacks.data.package_corpus",
 }
 """Subcommand → the module holding its ``build_parser(parent, name)`` and ``run(namespace)``."""
 

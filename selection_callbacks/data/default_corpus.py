@@ -30,18 +30,30 @@ import token
 import tokenize
 import unicodedata
 import warnings
-from collections.abc import Iterable, Iterator
-from dataclasses import dataclass
+from collections.abc import Iterator
 from itertools import chain, count
 from pathlib import Path
 
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
+from selection_callbacks.data.corpus_docs import (
+    HELDOUT_SPLITS,
+    MAX_DOC_BYTES,
+    SPLITS,
+    Doc,
+    chunk,
+    dedupe_across,
+    docs_from,
+    domain_stats,
+    fill,
+    jsonl_bytes,
+    nbytes,
+    rng_for,
+    shuffled,
+)
 from selection_callbacks.data.resampled_pool import resample_pool
 
 FORMAT_VERSION = 1
-SPLITS = ("pool", "target", "val")
-HELDOUT_SPLITS = ("target", "val")
 DOMAINS = ("prose", "code", "multilingual", "data", "noise", "repetitive")
 TARGET_DOMAIN = "prose"
 POOL_CAPS = {
@@ -53,8 +65,6 @@ POOL_CAPS = {
     "repetitive": 800_000,
 }
 HELDOUT_FRACTION = 0.08
-MAX_DOC_BYTES = 8192
-MIN_DOC_BYTES = 300
 MIN_DOCSTRING_CHARS = 200
 SYNTH_BYTES = (1024, 4096)
 TABLE_BYTES = (2048, 4096)
@@ -95,92 +105,6 @@ NOISE_CHARS = tuple(
     ch for ch in map(chr, chain(range(0x21, 0x250), range(0x370, 0x500)))
     if ch.isprintable() and not ch.isspace() and ch != "\xad"
 )
-
-
-@dataclass(frozen=True)
-class Doc:
-    """One corpus document; `group` keys documents that must share a split."""
-
-    id: str
-    text: str
-    domain: str
-    group: str
-
-    @property
-    def nbytes(self) -> int:
-        """UTF-8 size of the text."""
-        return _nbytes(self.text)
-
-
-def _rng(seed: int, name: str) -> random.Random:
-    """An independent, reproducible random stream per purpose."""
-    return random.Random(f"{seed}/{name}")
-
-
-def _shuffled(items: Iterable[Doc], rng: random.Random) -> list[Doc]:
-    items = list(items)
-    rng.shuffle(items)
-    return items
-
-
-def _nbytes(text: str) -> int:
-    return len(text.encode("utf-8"))
-
-
-def _pack(pieces: list[str], sep: str, limit: int) -> list[str]:
-    """Greedily join pieces (each <= limit bytes) into chunks of <= limit bytes."""
-    chunks: list[str] = []
-    current: list[str] = []
-    size = 0
-    sep_size = _nbytes(sep)
-    for piece in pieces:
-        piece_size = _nbytes(piece)
-        if current and size + sep_size + piece_size > limit:
-            chunks.append(sep.join(current))
-            current, size = [], 0
-        size += piece_size + (sep_size if current else 0)
-        current.append(piece)
-    if current:
-        chunks.append(sep.join(current))
-    return chunks
-
-
-def _chunk(text: str, limit: int = MAX_DOC_BYTES) -> list[str]:
-    """Split text into pieces of <= limit UTF-8 bytes at paragraph, then line, breaks."""
-    if _nbytes(text) <= limit:
-        return [text]
-    for sep in ("\n\n", "\n"):
-        parts = text.split(sep)
-        if len(parts) > 1:
-            return _pack([p for part in parts for p in _chunk(part, limit)], sep, limit)
-    raw = text.encode("utf-8")
-    return [raw[i : i + limit].decode("utf-8", "ignore") for i in range(0, len(raw), limit)]
-
-
-def _docs(domain: str, name: str, text: str, group: str | None = None) -> list[Doc]:
-    """Chunk one source text into documents, dropping chunks under MIN_DOC_BYTES."""
-    chunks = (chunk.rstrip().lstrip("\n") for chunk in _chunk(text.strip()))
-    return [
-        Doc(f"{domain}/{name}#{i}", chunk, domain, group or f"{domain}/{name}")
-        for i, chunk in enumerate(chunks)
-        if _nbytes(chunk) >= MIN_DOC_BYTES
-    ]
-
-
-def _fill(docs: Iterable[Doc], cap: float) -> list[Doc]:
-    """Take docs in order, skipping repeated texts, until the next would exceed cap bytes."""
-    taken: list[Doc] = []
-    seen: set[str] = set()
-    total = 0
-    for doc in docs:
-        if doc.text in seen:
-            continue
-        if total + doc.nbytes > cap:
-            break
-        seen.add(doc.text)
-        taken.append(doc)
-        total += doc.nbytes
-    return taken
 
 
 # ---------------------------------------------------------------- sources
@@ -236,10 +160,10 @@ def _pydoc_topics() -> dict[str, str]:
 def _prose_candidates(sources: list[tuple[str, str]]) -> list[Doc]:
     """pydoc topics (one source each) and per-module docstring collections."""
     topics = _pydoc_topics()
-    docs = [doc for key in sorted(topics) for doc in _docs("prose", f"pydoc-topics/{key}", topics[key])]
+    docs = [doc for key in sorted(topics) for doc in docs_from("prose", f"pydoc-topics/{key}", topics[key])]
     for rel, source in sources:
-        docs += _docs("prose", f"docstrings/{rel}", "\n\n".join(_docstrings(source)), group=rel)
-    return _fill(docs, float("inf"))
+        docs += docs_from("prose", f"docstrings/{rel}", "\n\n".join(_docstrings(source)), group=rel)
+    return fill(docs, float("inf"))
 
 
 def _split_prose(prose: list[Doc], rng: random.Random) -> dict[str, list[Doc]]:
@@ -258,7 +182,7 @@ def _split_prose(prose: list[Doc], rng: random.Random) -> dict[str, list[Doc]]:
         if label[group] in filled:
             filled[label[group]] += sizes[group]
     split = {s: [d for d in prose if label[d.group] == s] for s in SPLITS}
-    split["pool"] = _fill(_shuffled(split["pool"], rng), POOL_CAPS["prose"])
+    split["pool"] = fill(shuffled(split["pool"], rng), POOL_CAPS["prose"])
     return split
 
 
@@ -268,9 +192,9 @@ def _code(sources: list[tuple[str, str]], held_out: frozenset[str], rng: random.
         doc
         for rel, source in sources
         if rel not in held_out and not rel.startswith(CODE_SKIP_PREFIXES)
-        for doc in _docs("code", rel, source)
+        for doc in docs_from("code", rel, source)
     ]
-    return _fill(_shuffled(docs, rng), POOL_CAPS["code"])
+    return fill(shuffled(docs, rng), POOL_CAPS["code"])
 
 
 def _cjk_texts(root: Path) -> list[Doc]:
@@ -283,7 +207,7 @@ def _cjk_texts(root: Path) -> list[Doc]:
             text = path.read_bytes().decode(codec)
         except (LookupError, UnicodeDecodeError):
             continue
-        docs += _docs("multilingual", f"cjkencodings/{path.name}", text)
+        docs += docs_from("multilingual", f"cjkencodings/{path.name}", text)
     return docs
 
 
@@ -301,30 +225,30 @@ def _script_docs(script: tuple, rng: random.Random) -> Iterator[Doc]:
     joiner = " " if spaced else ""
     for i in count():
         target, paragraphs = rng.randint(*SYNTH_BYTES), [""]
-        while _nbytes("\n\n".join(paragraphs)) < target:
+        while nbytes("\n\n".join(paragraphs)) < target:
             words = rng.choices(vocab, weights=weights, k=rng.randint(4, 14))
             sentence = words[0][:1].upper() + joiner.join(words)[1:] + stop
             paragraphs[-1] = f"{paragraphs[-1]} {sentence}".strip() if spaced else paragraphs[-1] + sentence
             if rng.random() < 0.2:
                 paragraphs.append("")
-        yield from _docs("multilingual", f"synthetic/{name}/{i}", "\n\n".join(paragraphs))
+        yield from docs_from("multilingual", f"synthetic/{name}/{i}", "\n\n".join(paragraphs))
 
 
 def _multilingual(root: Path, rng: random.Random) -> list[Doc]:
     """Real CJK sample texts, then synthetic non-Latin-script text, round robin over scripts."""
     synthetic = chain.from_iterable(zip(*(_script_docs(script, rng) for script in SCRIPTS)))
-    return _fill(chain(_cjk_texts(root), synthetic), POOL_CAPS["multilingual"])
+    return fill(chain(_cjk_texts(root), synthetic), POOL_CAPS["multilingual"])
 
 
 def _table_docs(name: str, header: str, rows: list[str], rng: random.Random) -> list[Doc]:
     """Group table rows into documents of TABLE_BYTES, each starting with the header."""
     docs, start = [], 0
     while start < len(rows):
-        target, end, size = rng.randint(*TABLE_BYTES), start, _nbytes(header)
+        target, end, size = rng.randint(*TABLE_BYTES), start, nbytes(header)
         while end < len(rows) and size < target:
-            size += _nbytes(rows[end]) + 1
+            size += nbytes(rows[end]) + 1
             end += 1
-        docs += _docs("data", f"{name}/{start}", "\n".join([header, *rows[start:end]]))
+        docs += docs_from("data", f"{name}/{start}", "\n".join([header, *rows[start:end]]))
         start = end
     return docs
 
@@ -379,8 +303,8 @@ def _unicode_tables(rng: random.Random) -> list[Doc]:
 def _data(rng: random.Random) -> list[Doc]:
     """Keyword/token tables, a share of codec tables, then Unicode character tables."""
     cap = POOL_CAPS["data"]
-    codecs = _fill(_shuffled(_codec_tables(rng), rng), CODEC_SHARE * cap)
-    return _fill(chain(_token_tables(rng), codecs, _shuffled(_unicode_tables(rng), rng)), cap)
+    codecs = fill(shuffled(_codec_tables(rng), rng), CODEC_SHARE * cap)
+    return fill(chain(_token_tables(rng), codecs, shuffled(_unicode_tables(rng), rng)), cap)
 
 
 def _corrupt(text: str, rng: random.Random) -> str:
@@ -398,13 +322,13 @@ def _gibberish(rng: random.Random) -> str:
 def _noise(pool_prose: list[Doc], rng: random.Random) -> list[Doc]:
     """Half corrupted pool prose, half random printable gibberish."""
     cap = POOL_CAPS["noise"]
-    pieces = (_chunk(doc.text, MAX_DOC_BYTES // 2)[0] for doc in _shuffled(pool_prose, rng))
-    corrupted = _fill(
-        (d for i, text in enumerate(pieces) for d in _docs("noise", f"corrupted/{i}", _corrupt(text, rng))),
+    pieces = (chunk(doc.text, MAX_DOC_BYTES // 2)[0] for doc in shuffled(pool_prose, rng))
+    corrupted = fill(
+        (d for i, text in enumerate(pieces) for d in docs_from("noise", f"corrupted/{i}", _corrupt(text, rng))),
         cap / 2,
     )
-    random_docs = (d for i in count() for d in _docs("noise", f"random/{i}", _gibberish(rng)))
-    return corrupted + _fill(random_docs, cap - sum(d.nbytes for d in corrupted))
+    random_docs = (d for i in count() for d in docs_from("noise", f"random/{i}", _gibberish(rng)))
+    return corrupted + fill(random_docs, cap - sum(d.nbytes for d in corrupted))
 
 
 def _phrases(pool_prose: list[Doc], code: list[Doc]) -> dict[str, tuple[list[str], str]]:
@@ -430,10 +354,10 @@ def _repetitive(pool_prose: list[Doc], code: list[Doc], rng: random.Random) -> l
         else:
             phrases, sep = inventories[kind]
             phrase = rng.choice(phrases)
-        repeats = max(2, rng.randint(*SYNTH_BYTES) // (_nbytes(phrase) + len(sep)))
-        return _docs("repetitive", f"{kind}/{i}", sep.join([phrase] * repeats))
+        repeats = max(2, rng.randint(*SYNTH_BYTES) // (nbytes(phrase) + len(sep)))
+        return docs_from("repetitive", f"{kind}/{i}", sep.join([phrase] * repeats))
 
-    return _fill((d for i in count() for d in make(i)), POOL_CAPS["repetitive"])
+    return fill((d for i in count() for d in make(i)), POOL_CAPS["repetitive"])
 
 
 # ---------------------------------------------------------------- assembly
@@ -443,49 +367,23 @@ def build_splits(seed: int = 0) -> dict[str, list[Doc]]:
     """All documents of the default corpus, by split; exact-duplicate texts removed."""
     root = stdlib_dir()
     sources = _stdlib_sources(root)
-    splits = _split_prose(_prose_candidates(sources), _rng(seed, "split"))
+    splits = _split_prose(_prose_candidates(sources), rng_for(seed, "split"))
     held_out = frozenset(d.group for s in HELDOUT_SPLITS for d in splits[s])
     prose = splits["pool"]
-    code = _code(sources, held_out, _rng(seed, "code"))
+    code = _code(sources, held_out, rng_for(seed, "code"))
     splits["pool"] = [
         *prose,
         *code,
-        *_multilingual(root, _rng(seed, "multilingual")),
-        *_data(_rng(seed, "data")),
-        *_noise(prose, _rng(seed, "noise")),
-        *_repetitive(prose, code, _rng(seed, "repetitive")),
+        *_multilingual(root, rng_for(seed, "multilingual")),
+        *_data(rng_for(seed, "data")),
+        *_noise(prose, rng_for(seed, "noise")),
+        *_repetitive(prose, code, rng_for(seed, "repetitive")),
     ]
-    return _dedupe_across(splits)
-
-
-def _dedupe_across(splits: dict[str, list[Doc]]) -> dict[str, list[Doc]]:
-    """Keep the first occurrence of each text, held-out splits first."""
-    seen: set[str] = set()
-    result: dict[str, list[Doc]] = {}
-    for split in (*HELDOUT_SPLITS, "pool"):
-        result[split] = []
-        for doc in splits[split]:
-            if doc.text not in seen:
-                seen.add(doc.text)
-                result[split].append(doc)
-    return {split: result[split] for split in SPLITS}
-
-
-def _jsonl(docs: list[Doc]) -> bytes:
-    lines = (json.dumps({"id": d.id, "text": d.text, "domain": d.domain}) + "\n" for d in docs)
-    return "".join(lines).encode("utf-8")
+    return dedupe_across(splits)
 
 
 def _sha256(path: Path) -> str:
     return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _stats(docs: list[Doc]) -> dict[str, dict[str, int]]:
-    stats = {domain: {"docs": 0, "bytes": 0} for domain in DOMAINS}
-    for doc in docs:
-        stats[doc.domain]["docs"] += 1
-        stats[doc.domain]["bytes"] += doc.nbytes
-    return stats
 
 
 def _card(splits: dict[str, list[Doc]], seed: int, hashes: dict[str, str], pool_mb: float | None) -> dict:
@@ -498,7 +396,7 @@ def _card(splits: dict[str, list[Doc]], seed: int, hashes: dict[str, str], pool_
         "seed": seed,
         "target_domain": TARGET_DOMAIN,
         "bytes_are": "UTF-8 bytes of the text fields",
-        "splits": {split: _stats(docs) for split, docs in splits.items()},
+        "splits": {split: domain_stats(docs, DOMAINS) for split, docs in splits.items()},
         "sha256": hashes,
     }
 
@@ -542,7 +440,7 @@ def build_default_corpus(
         splits["pool"] = resample_pool(splits["pool"], pool_mb, seed)
     hashes = {}
     for split, filename in SPLIT_FILES.items():
-        payload = _jsonl(splits[split])
+        payload = jsonl_bytes(splits[split])
         (out / filename).write_bytes(payload)
         hashes[filename] = hashlib.sha256(payload).hexdigest()
     card = _card(splits, seed, hashes, pool_mb)

@@ -1,0 +1,135 @@
+"""Documents of an offline-built corpus: chunking, capped filling and cross-split deduplication.
+
+Shared by the corpus builders (:mod:`selection_callbacks.data.default_corpus`,
+:mod:`selection_callbacks.data.package_corpus`): a source text becomes documents of at most
+``MAX_DOC_BYTES`` UTF-8 bytes cut at paragraph, then line, breaks; a domain is filled to a byte cap
+in a seeded order; a text that appears in a held-out split is dropped from the pool.
+"""
+
+from __future__ import annotations
+
+import json
+import random
+from collections.abc import Iterable
+from dataclasses import dataclass
+
+SPLITS = ("pool", "target", "val")
+HELDOUT_SPLITS = ("target", "val")
+MAX_DOC_BYTES = 8192
+MIN_DOC_BYTES = 300
+
+
+@dataclass(frozen=True)
+class Doc:
+    """One corpus document; `group` keys documents that must share a split."""
+
+    id: str
+    text: str
+    domain: str
+    group: str
+
+    @property
+    def nbytes(self) -> int:
+        """UTF-8 size of the text."""
+        return nbytes(self.text)
+
+
+def rng_for(seed: int, name: str) -> random.Random:
+    """An independent, reproducible random stream per purpose."""
+    return random.Random(f"{seed}/{name}")
+
+
+def shuffled(items: Iterable[Doc], rng: random.Random) -> list[Doc]:
+    """The items as a list in an order drawn from ``rng``."""
+    items = list(items)
+    rng.shuffle(items)
+    return items
+
+
+def nbytes(text: str) -> int:
+    """UTF-8 size of ``text``."""
+    return len(text.encode("utf-8"))
+
+
+def pack(pieces: list[str], sep: str, limit: int) -> list[str]:
+    """Greedily join pieces (each <= limit bytes) into chunks of <= limit bytes."""
+    chunks: list[str] = []
+    current: list[str] = []
+    size = 0
+    sep_size = nbytes(sep)
+    for piece in pieces:
+        piece_size = nbytes(piece)
+        if current and size + sep_size + piece_size > limit:
+            chunks.append(sep.join(current))
+            current, size = [], 0
+        size += piece_size + (sep_size if current else 0)
+        current.append(piece)
+    if current:
+        chunks.append(sep.join(current))
+    return chunks
+
+
+def chunk(text: str, limit: int = MAX_DOC_BYTES) -> list[str]:
+    """Split text into pieces of <= limit UTF-8 bytes at paragraph, then line, breaks."""
+    if nbytes(text) <= limit:
+        return [text]
+    for sep in ("\n\n", "\n"):
+        parts = text.split(sep)
+        if len(parts) > 1:
+            return pack([p for part in parts for p in chunk(part, limit)], sep, limit)
+    raw = text.encode("utf-8")
+    return [raw[i : i + limit].decode("utf-8", "ignore") for i in range(0, len(raw), limit)]
+
+
+def docs_from(domain: str, name: str, text: str, group: str | None = None) -> list[Doc]:
+    """Chunk one source text into documents, dropping chunks under MIN_DOC_BYTES."""
+    pieces = (piece.rstrip().lstrip("\n") for piece in chunk(text.strip()))
+    return [
+        Doc(f"{domain}/{name}#{i}", piece, domain, group or f"{domain}/{name}")
+        for i, piece in enumerate(pieces)
+        if nbytes(piece) >= MIN_DOC_BYTES
+    ]
+
+
+def fill(docs: Iterable[Doc], cap: float) -> list[Doc]:
+    """Take docs in order, skipping repeated texts, until the next would exceed cap bytes."""
+    taken: list[Doc] = []
+    seen: set[str] = set()
+    total = 0
+    for doc in docs:
+        if doc.text in seen:
+            continue
+        if total + doc.nbytes > cap:
+            break
+        seen.add(doc.text)
+        taken.append(doc)
+        total += doc.nbytes
+    return taken
+
+
+def dedupe_across(splits: dict[str, list[Doc]]) -> dict[str, list[Doc]]:
+    """Keep the first occurrence of each text, held-out splits first."""
+    seen: set[str] = set()
+    result: dict[str, list[Doc]] = {}
+    for split in (*HELDOUT_SPLITS, "pool"):
+        result[split] = []
+        for doc in splits[split]:
+            if doc.text not in seen:
+                seen.add(doc.text)
+                result[split].append(doc)
+    return {split: result[split] for split in SPLITS}
+
+
+def jsonl_bytes(docs: list[Doc]) -> bytes:
+    """One ``{"id", "text", "domain"}`` JSON line per document, UTF-8."""
+    lines = (json.dumps({"id": d.id, "text": d.text, "domain": d.domain}) + "\n" for d in docs)
+    return "".join(lines).encode("utf-8")
+
+
+def domain_stats(docs: list[Doc], domains: Iterable[str]) -> dict[str, dict[str, int]]:
+    """``{domain: {"docs", "bytes"}}`` for every listed domain (zeros included)."""
+    stats = {domain: {"docs": 0, "bytes": 0} for domain in domains}
+    for doc in docs:
+        stats[doc.domain]["docs"] += 1
+        stats[doc.domain]["bytes"] += doc.nbytes
+    return stats
