@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 DATA := data/default
 RUN := runs/demo
 
-.PHONY: demo test data clean
+.PHONY: demo test data data-packages clean
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -18,6 +18,9 @@ $(STAMP): pyproject.toml
 
 data: $(STAMP)
 	$(BIN)/selection-callbacks corpus --out $(DATA)
+
+data-packages: $(STAMP)
+	$(BIN)/selection-callbacks packages --out data/packages
 
 demo: data
 	$(BIN)/python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/high_loss.yaml \
