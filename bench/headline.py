@@ -13,7 +13,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from bench.report import fmt_relative, summarize
+from bench.report import fmt_relative, fmt_value, load_summary, summarize, tuning_line
 
 ROOT_README = Path(__file__).resolve().parents[1] / "README.md"
 
@@ -31,17 +31,18 @@ def headline(results_path: Path) -> str:
     lines = [
         f"From `{shown.as_posix()}` (commit `{results['commit']}`, config `{results['config_hash']}`): "
         f"{cfg['tokens']:,} update tokens per run, ratio {cfg['ratio']}, {cfg['optimizer']}, "
-        f"{summary['random']['seeds']} paired seeds.",
+        f"{summary['random']['seeds']} paired seeds. {tuning_line(cfg)} {load_summary(results)}",
         "",
         "| method | final val bpb | Δ vs random (paired) | p | update tokens to random's final bpb | "
-        "wall-clock to random's final bpb | step time vs random |",
-        "|---|---:|---:|---:|---:|---:|---:|",
+        "wall-clock to random's final bpb | step time vs random | share of its oracle's gain |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|",
     ]
     for name, s in summary.items():
         p = "—" if s["p_value"] != s["p_value"] else f"{s['p_value']:.3f}"
         lines.append(
             f"| {name} | {s['bpb_mean']:.4f} | {s['diff_mean']:+.4f} | {p} | {fmt_relative(s['tokens_to_random'])} | "
-            f"{fmt_relative(s['wall_to_random'])} | {s['step_time_ratio']:.2f}× |"
+            f"{fmt_relative(s['wall_to_random'])} | {s['step_time_ratio']:.2f}× | "
+            f"{fmt_value(s.get('oracle_share', float('nan')), '.0%')} |"
         )
     return "\n".join(lines)
 

@@ -9,7 +9,7 @@ from typing import Any
 
 import numpy as np
 
-from selection_callbacks.core.machine_load import describe_load
+from selection_callbacks.core.machine_load import ALONE_BELOW, describe_load
 
 
 ORACLES = {False: "oracle", True: "oracle_offline"}
@@ -112,6 +112,19 @@ def tuning_line(cfg: dict[str, Any]) -> str:
     return f"Baseline tuned by `bench.tune` (`configs/tuned`): {values}."
 
 
+def load_summary(results: dict[str, Any]) -> str:
+    """One sentence: how many runs trained alone, how many beside other jobs, how many without a record."""
+    others = [(r.get("machine") or {}).get("other_cpus") for e in results["methods"].values() for r in e["runs"]]
+    recorded = [x for x in others if x is not None]
+    if not recorded:
+        return "Machine load: not recorded."
+    beside = [x for x in recorded if x >= ALONE_BELOW]
+    tail = f" (other work held {min(beside):.1f}–{max(beside):.1f} CPUs)" if beside else ""
+    missing = len(others) - len(recorded)
+    return (f"Machine load: {len(recorded) - len(beside)} of {len(others)} runs trained alone, {len(beside)} beside "
+            f"other jobs{tail}" + (f", {missing} not recorded." if missing else "."))
+
+
 def load_lines(results: dict[str, Any]) -> list[str]:
     """Which runs trained alone and which beside other jobs, from what each run recorded."""
     rows = []
@@ -159,7 +172,7 @@ def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]])
         "",
     ]
     lines += [f"![{family}](curves_{family}.png)" for family in families(results)]
-    lines += ["", *load_lines(results), "", "Domain share of the kept candidates (whole run, mean over seeds):", ""]
+    lines += ["", load_summary(results), "", *load_lines(results), "", "Domain share of the kept candidates (whole run, mean over seeds):", ""]
     domains = sorted({d for e in results["methods"].values() for r in e["runs"] for d in r["domains"]})
     lines.append("| method | " + " | ".join(domains) + " |")
     lines.append("|---|" + "---:|" * len(domains))
