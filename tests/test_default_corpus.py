@@ -13,12 +13,10 @@ from pathlib import Path
 
 import pytest
 
-from selection_callbacks.data.corpus_docs import MAX_DOC_BYTES, MIN_DOC_BYTES
+from selection_callbacks.data.corpus_docs import CARD_FILE, MAX_DOC_BYTES, MIN_DOC_BYTES, SPLIT_FILES
 from selection_callbacks.data.default_corpus import (
-    CARD_FILE,
     DOMAINS,
     POOL_CAPS,
-    SPLIT_FILES,
     build_default_corpus,
     is_up_to_date,
     main,

@@ -8,12 +8,10 @@ from pathlib import Path
 import pytest
 
 from selection_callbacks.cli import main as cli_main
-from selection_callbacks.data.corpus_docs import MAX_DOC_BYTES, MIN_DOC_BYTES
+from selection_callbacks.data.corpus_docs import CARD_FILE, MAX_DOC_BYTES, MIN_DOC_BYTES, SPLIT_FILES
 from selection_callbacks.data.package_corpus import (
-    CARD_FILE,
     DOMAINS,
     POOL_CAPS,
-    SPLIT_FILES,
     TARGET_DOMAIN,
     build_package_corpus,
     domain_of,

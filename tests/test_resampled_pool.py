@@ -9,7 +9,8 @@ from pathlib import Path
 
 import pytest
 
-from selection_callbacks.data.default_corpus import SPLIT_FILES, is_up_to_date, main
+from selection_callbacks.data.corpus_docs import SPLIT_FILES
+from selection_callbacks.data.default_corpus import is_up_to_date, main
 from selection_callbacks.data.resampled_pool import resample_pool
 
 

@@ -8,13 +8,17 @@ in a seeded order; a text that appears in a held-out split is dropped from the p
 
 from __future__ import annotations
 
+import hashlib
 import json
 import random
-from collections.abc import Iterable
+from collections.abc import Iterable, Sequence
 from dataclasses import dataclass
+from pathlib import Path
 
 SPLITS = ("pool", "target", "val")
 HELDOUT_SPLITS = ("target", "val")
+SPLIT_FILES = {split: f"{split}.jsonl" for split in SPLITS}
+CARD_FILE = "card.json"
 MAX_DOC_BYTES = 8192
 MIN_DOC_BYTES = 300
 
@@ -133,3 +137,45 @@ def domain_stats(docs: list[Doc], domains: Iterable[str]) -> dict[str, dict[str,
         stats[doc.domain]["docs"] += 1
         stats[doc.domain]["bytes"] += doc.nbytes
     return stats
+
+
+def write_corpus(out: Path, splits: dict[str, list[Doc]], card: dict) -> dict:
+    """Write each split as ``<split>.jsonl`` and ``card.json`` (the card plus each file's sha256) to ``out``."""
+    out.mkdir(parents=True, exist_ok=True)
+    hashes = {}
+    for split, filename in SPLIT_FILES.items():
+        payload = jsonl_bytes(splits[split])
+        (out / filename).write_bytes(payload)
+        hashes[filename] = hashlib.sha256(payload).hexdigest()
+    card = {**card, "sha256": hashes}
+    (out / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8", newline="\n")
+    return card
+
+
+def read_card(out_dir: str | Path) -> dict | None:
+    """The card in out_dir, or None when missing or unreadable."""
+    try:
+        card = json.loads((Path(out_dir) / CARD_FILE).read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+    return card if isinstance(card, dict) else None
+
+
+def files_match(out_dir: str | Path, card: dict) -> bool:
+    """Every split file exists in out_dir with the sha256 its card records."""
+    out, hashes = Path(out_dir), card.get("sha256") or {}
+    return all((out / f).is_file() and hashes.get(f) == hashlib.sha256((out / f).read_bytes()).hexdigest()
+               for f in SPLIT_FILES.values())
+
+
+def domain_table(card: dict, domains: Sequence[str]) -> str:
+    """Markdown table of documents and MB (10^6 UTF-8 bytes) per domain and split, with a total row."""
+    splits = card["splits"]
+    rows = ["| domain | " + " | ".join(f"{s} docs | {s} MB" for s in SPLITS) + " |", "|---|" + "---:|---:|" * len(SPLITS)]
+    for domain in (*domains, "total"):
+        cells = []
+        for split in SPLITS:
+            stats = list(splits[split].values()) if domain == "total" else [splits[split][domain]]
+            cells += [str(sum(s["docs"] for s in stats)), f"{sum(s['bytes'] for s in stats) / 1e6:.3f}"]
+        rows.append(f"| {f'**{domain}**' if domain == 'total' else domain} | " + " | ".join(cells) + " |")
+    return "\n".join(rows)

@@ -16,8 +16,6 @@ target and val splits.
 from __future__ import annotations
 
 import ast
-import hashlib
-import json
 import keyword
 import os
 import platform
@@ -43,13 +41,16 @@ from selection_callbacks.data.corpus_docs import (
     Doc,
     chunk,
     dedupe_across,
+    domain_table,
     docs_from,
     domain_stats,
+    files_match,
     fill,
-    jsonl_bytes,
     nbytes,
+    read_card,
     rng_for,
     shuffled,
+    write_corpus,
 )
 from selection_callbacks.data.resampled_pool import resample_pool
 
@@ -72,8 +73,6 @@ CODEC_SHARE = 0.3
 SKIP_DIRS = ("__pycache__", "idle_test", "site-packages", "test", "tests")
 # prose source (pydoc topics) and codec tables (already in `data`) stay out of `code`
 CODE_SKIP_PREFIXES = ("encodings/", "pydoc_data/")
-CARD_FILE = "card.json"
-SPLIT_FILES = {split: f"{split}.jsonl" for split in SPLITS}
 
 SINGLE_BYTE_CODECS = (
     "cp037", "cp437", "cp737", "cp850", "cp852", "cp855", "cp857", "cp866",
@@ -382,11 +381,7 @@ def build_splits(seed: int = 0) -> dict[str, list[Doc]]:
     return dedupe_across(splits)
 
 
-def _sha256(path: Path) -> str:
-    return hashlib.sha256(path.read_bytes()).hexdigest()
-
-
-def _card(splits: dict[str, list[Doc]], seed: int, hashes: dict[str, str], pool_mb: float | None) -> dict:
+def _card(splits: dict[str, list[Doc]], seed: int, pool_mb: float | None) -> dict:
     return {
         "format_version": FORMAT_VERSION,
         "pool_mb": pool_mb,
@@ -397,17 +392,7 @@ def _card(splits: dict[str, list[Doc]], seed: int, hashes: dict[str, str], pool_
         "target_domain": TARGET_DOMAIN,
         "bytes_are": "UTF-8 bytes of the text fields",
         "splits": {split: domain_stats(docs, DOMAINS) for split, docs in splits.items()},
-        "sha256": hashes,
     }
-
-
-def read_card(out_dir: str | Path) -> dict | None:
-    """The card in out_dir, or None when missing or unreadable."""
-    try:
-        card = json.loads((Path(out_dir) / CARD_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return card if isinstance(card, dict) else None
 
 
 def is_up_to_date(out_dir: str | Path, seed: int, pool_mb: float | None = None) -> bool:
@@ -419,8 +404,7 @@ def is_up_to_date(out_dir: str | Path, seed: int, pool_mb: float | None = None) 
         return False
     if card.get("python_version") != platform.python_version():
         return False
-    hashes = card.get("sha256") or {}
-    return all((out / f).is_file() and hashes.get(f) == _sha256(out / f) for f in SPLIT_FILES.values())
+    return files_match(out, card)
 
 
 def build_default_corpus(
@@ -434,35 +418,15 @@ def build_default_corpus(
     out = Path(out_dir)
     if not force and is_up_to_date(out, seed, pool_mb):
         return read_card(out)
-    out.mkdir(parents=True, exist_ok=True)
     splits = build_splits(seed)
     if pool_mb is not None:
         splits["pool"] = resample_pool(splits["pool"], pool_mb, seed)
-    hashes = {}
-    for split, filename in SPLIT_FILES.items():
-        payload = jsonl_bytes(splits[split])
-        (out / filename).write_bytes(payload)
-        hashes[filename] = hashlib.sha256(payload).hexdigest()
-    card = _card(splits, seed, hashes, pool_mb)
-    (out / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8", newline="\n")
-    return card
+    return write_corpus(out, splits, _card(splits, seed, pool_mb))
 
 
 def render_card_markdown(card: dict) -> str:
     """Markdown table of documents and MB (10^6 UTF-8 bytes) per domain and split."""
-    splits = card["splits"]
-    header = "| domain | " + " | ".join(f"{s} docs | {s} MB" for s in SPLITS) + " |"
-    rule = "|---|" + "---:|---:|" * len(SPLITS)
-    rows = [header, rule]
-    for domain in (*DOMAINS, "total"):
-        cells = []
-        for split in SPLITS:
-            stats = list(splits[split].values()) if domain == "total" else [splits[split][domain]]
-            docs, nbytes = sum(s["docs"] for s in stats), sum(s["bytes"] for s in stats)
-            cells += [str(docs), f"{nbytes / 1e6:.3f}"]
-        name = f"**{domain}**" if domain == "total" else domain
-        rows.append(f"| {name} | " + " | ".join(cells) + " |")
-    return "\n".join(rows)
+    return domain_table(card, DOMAINS)
 
 
 def build_parser(parent: ActionSubCommands | None = None, name: str = "corpus") -> ArgumentParser:

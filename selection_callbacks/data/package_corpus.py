@@ -30,9 +30,7 @@ Usage: ``selection-callbacks packages --out data/packages [--seed 0] [--force]``
 from __future__ import annotations
 
 import functools
-import hashlib
 import importlib.metadata as metadata
-import json
 import platform
 import re
 import sysconfig
@@ -48,11 +46,14 @@ from selection_callbacks.data.corpus_docs import (
     SPLITS,
     Doc,
     dedupe_across,
+    domain_table,
     docs_from,
     domain_stats,
+    files_match,
     fill,
-    jsonl_bytes,
+    read_card,
     rng_for,
+    write_corpus,
 )
 
 FORMAT_VERSION = 1
@@ -74,8 +75,6 @@ HELDOUT_BYTES_PER_PROJECT = 50_000
 DOCS_PER_FILE = 4
 MAX_FILE_BYTES = 1_000_000
 LEFT_OUT = ("selection-callbacks", "pytorch-lightning")
-CARD_FILE = "card.json"
-SPLIT_FILES = {split: f"{split}.jsonl" for split in SPLITS}
 
 NATIVE_SUFFIXES = (".h", ".hh", ".hpp", ".hxx", ".c", ".cc", ".cpp", ".cxx", ".cu", ".cuh", ".pyx", ".pxd", ".pxi")
 DOCS_SUFFIXES = (".md", ".rst", ".markdown")
@@ -203,7 +202,7 @@ def build_splits(seed: int = 0) -> tuple[dict[str, list[Doc]], dict[str, dict[st
     return splits, fed
 
 
-def _card(splits: dict[str, list[Doc]], fed: dict[str, dict[str, str]], seed: int, hashes: dict[str, str]) -> dict:
+def _card(splits: dict[str, list[Doc]], fed: dict[str, dict[str, str]], seed: int) -> dict:
     return {
         "format_version": FORMAT_VERSION,
         "kind": "packages",
@@ -214,17 +213,7 @@ def _card(splits: dict[str, list[Doc]], fed: dict[str, dict[str, str]], seed: in
         "installed": {project_name(d): d.version for d in installed_projects()},
         "projects": fed,
         "splits": {split: domain_stats(docs, DOMAINS) for split, docs in splits.items()},
-        "sha256": hashes,
     }
-
-
-def read_card(out_dir: str | Path) -> dict | None:
-    """The card in out_dir, or None when missing or unreadable."""
-    try:
-        card = json.loads((Path(out_dir) / CARD_FILE).read_text(encoding="utf-8"))
-    except (OSError, ValueError):
-        return None
-    return card if isinstance(card, dict) else None
 
 
 def is_up_to_date(out_dir: str | Path, seed: int) -> bool:
@@ -236,9 +225,7 @@ def is_up_to_date(out_dir: str | Path, seed: int) -> bool:
         return False
     if card.get("installed") != {project_name(d): d.version for d in installed_projects()}:
         return False
-    hashes = card.get("sha256") or {}
-    return all((out / f).is_file() and hashes.get(f) == hashlib.sha256((out / f).read_bytes()).hexdigest()
-               for f in SPLIT_FILES.values())
+    return files_match(out, card)
 
 
 def build_package_corpus(out_dir: str | Path, seed: int = 0, force: bool = False) -> dict:
@@ -247,33 +234,17 @@ def build_package_corpus(out_dir: str | Path, seed: int = 0, force: bool = False
     out = Path(out_dir)
     if not force and is_up_to_date(out, seed):
         return read_card(out)
-    out.mkdir(parents=True, exist_ok=True)
     splits, fed = build_splits(seed)
-    hashes = {}
-    for split, filename in SPLIT_FILES.items():
-        payload = jsonl_bytes(splits[split])
-        (out / filename).write_bytes(payload)
-        hashes[filename] = hashlib.sha256(payload).hexdigest()
-    card = _card(splits, fed, seed, hashes)
-    (out / CARD_FILE).write_text(json.dumps(card, indent=2) + "\n", encoding="utf-8", newline="\n")
-    return card
+    return write_corpus(out, splits, _card(splits, fed, seed))
 
 
 def render_card_markdown(card: dict) -> str:
     """Markdown table of documents and MB (10^6 UTF-8 bytes) per domain and split, then the projects per split."""
-    splits = card["splits"]
-    rows = ["| domain | " + " | ".join(f"{s} docs | {s} MB" for s in SPLITS) + " |", "|---|" + "---:|---:|" * len(SPLITS)]
-    for domain in (*DOMAINS, "total"):
-        cells = []
-        for split in SPLITS:
-            stats = list(splits[split].values()) if domain == "total" else [splits[split][domain]]
-            cells += [str(sum(s["docs"] for s in stats)), f"{sum(s['bytes'] for s in stats) / 1e6:.3f}"]
-        rows.append(f"| {f'**{domain}**' if domain == 'total' else domain} | " + " | ".join(cells) + " |")
-    rows.append("")
+    lines = [domain_table(card, DOMAINS), ""]
     for split in SPLITS:
         projects = card["projects"][split]
-        rows.append(f"- {split}: {len(projects)} projects: " + ", ".join(f"{p} {v}" for p, v in projects.items()))
-    return "\n".join(rows)
+        lines.append(f"- {split}: {len(projects)} projects: " + ", ".join(f"{p} {v}" for p, v in projects.items()))
+    return "\n".join(lines)
 
 
 def build_parser(parent: ActionSubCommands | None = None, name: str = "packages") -> ArgumentParser:
