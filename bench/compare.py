@@ -114,7 +114,9 @@ class Plan:
         self.steps = max(1, args.tokens // self.tokens_per_step)
         self.eval_every = max(1, self.steps // args.evals)
         self.tuned = tuned_config(self.scale_path, args.optimizer)
-        if not self.tuned.exists():
+        if args.no_tuned:
+            self.tuned = None
+        elif not self.tuned.exists():
             if not args.allow_untuned:
                 raise SystemExit(
                     f"no tuned baseline for scale {self.scale_path.stem!r} under {args.optimizer}: {self.tuned} is "
@@ -288,6 +290,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--threads", type=int, default=None, help="CPU threads per run (part of the config)")
     p.add_argument("--allow-untuned", action="store_true",
                    help="run without configs/tuned/<scale>-<optimizer>.yaml (the report says the baseline is untuned)")
+    p.add_argument("--no-tuned", action="store_true",
+                   help="leave configs/tuned out even where it exists (bench.tune's sweeps set every value themselves)")
     p.add_argument("--out", required=True, help="folder of the runs, results.json, report.md and the plots")
     p.add_argument("extra", nargs="*", default=[], help="extra train.py flags after --, e.g. -- --model.lr 0.002")
     return p

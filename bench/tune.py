@@ -5,8 +5,9 @@
         --threads 1 --jobs 2 --out bench/results/tune
 
 Each point of the sweep is ``bench.compare`` of ``random`` alone at the benchmark's token budget,
-with the point's values as train.py flags (``--model.lr 0.002``), on the same seeds (same
-initialisation, same candidate stream), so points differ only in their settings. ``--grid`` axes
+with the point's values as train.py flags (``--model.lr 0.002``) over the scale's own defaults (never
+an earlier sweep's ``configs/tuned`` file), on the same seeds (same initialisation, same candidate
+stream), so points differ only in their settings. ``--grid`` axes
 are crossed; each ``--then`` axis is then swept alone from the best point so far. The best point
 has the lowest mean final val bpb over the seeds. Writes ``<out>/<scale>-<optimizer>.md`` and
 ``.json`` (every point, per-seed values) and ``configs/tuned/<scale>-<optimizer>.yaml`` (the best
@@ -49,7 +50,7 @@ def run_point(a: Any, point: Point) -> dict[str, Any]:
     out = Path(a.out) / f"{Path(a.scale).stem}-{a.optimizer}" / point_name(point)
     argv = ["--pool", a.pool, "--target", a.target, "--val", a.val, "--methods", "random", "--tokens", str(a.tokens),
             "--seeds", a.seeds, "--scale", a.scale, "--optimizer", a.optimizer, "--evals", str(a.evals),
-            "--out", str(out), "--allow-untuned"]
+            "--out", str(out), "--no-tuned"]
     argv += ["--threads", str(a.threads)] if a.threads else []
     argv += ["--", *(x for k, v in point for x in (f"--{k}", v))]
     runs = compare(compare_parser().parse_args(argv))["methods"]["random"]["runs"]

@@ -316,6 +316,28 @@ def test_comparison_without_a_tuned_baseline_is_refused(tiny_corpus, tmp_path) -
     assert bench_compare.Plan(bench_compare.build_parser().parse_args([*argv, "--allow-untuned"])).tuned is None
 
 
+def test_tune_points_never_train_on_an_earlier_winner(tiny_corpus, tmp_path, monkeypatch) -> None:
+    from argparse import Namespace
+
+    from bench import tune
+
+    scale, tuned = tmp_path / "tiny.yaml", tmp_path / "tiny-adamw.yaml"
+    scale.write_text(TINY_SCALE)
+    tuned.write_text("model:\n  lr: 0.5\n")
+    monkeypatch.setattr(bench_compare, "tuned_config", lambda scale_path, optimizer: tuned)
+    plans = []
+    monkeypatch.setattr(tune, "compare", lambda a: plans.append(bench_compare.Plan(a))
+                        or {"methods": {"random": {"runs": [{"seed": 0, "final_val_bpb": 1.0}]}}})
+    a = Namespace(out=str(tmp_path / "t"), scale=str(scale), optimizer="adamw", pool=tiny_corpus["pool"],
+                  target=tiny_corpus["target"], val=tiny_corpus["val"], tokens=768, seeds="1", evals=3, threads=None)
+    tune.run_point(a, (("model.lr", "0.01"),))
+    cmd = plans[0].train_command(REGISTRY["random"], 0, None)
+    assert plans[0].tuned is None and str(tuned) not in cmd and cmd[-2:] == ["--model.lr", "0.01"]
+    # and the hash is the untuned one: a sweep re-run after its winner is written reuses its runs
+    assert plans[0].config_hash == bench_compare.Plan(bench_compare.build_parser().parse_args(
+        _args(tiny_corpus, tmp_path / "t", scale, "random") + ["--", "--model.lr", "0.01"])).config_hash
+
+
 def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus, tmp_path, monkeypatch) -> None:
     from bench import report as bench_report
     from bench import tune
@@ -338,3 +360,4 @@ def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus,
         [a for a in _args(tiny_corpus, tmp_path / "o", scale, "random") if a != "--allow-untuned"]))
     cmd = plan.train_command(REGISTRY["random"], 0, None)
     assert cmd[cmd.index(str(tuned)) - 1] == "--config" and "lr: 0.01" in bench_report.tuning_line(plan.config)
+
