@@ -323,8 +323,10 @@ def test_tune_points_never_train_on_an_earlier_winner(tiny_corpus, tmp_path, mon
 
     scale, tuned = tmp_path / "tiny.yaml", tmp_path / "tiny-adamw.yaml"
     scale.write_text(TINY_SCALE)
-    tuned.write_text("model:\n  lr: 0.5\n")
     monkeypatch.setattr(bench_compare, "tuned_config", lambda scale_path, optimizer: tuned)
+    before = bench_compare.Plan(bench_compare.build_parser().parse_args(  # the point's run before any winner existed
+        _args(tiny_corpus, tmp_path / "t", scale, "random") + ["--", "--model.lr", "0.01"])).config_hash
+    tuned.write_text("model:\n  lr: 0.5\n")
     plans = []
     monkeypatch.setattr(tune, "compare", lambda a: plans.append(bench_compare.Plan(a))
                         or {"methods": {"random": {"runs": [{"seed": 0, "final_val_bpb": 1.0}]}}})
@@ -333,9 +335,7 @@ def test_tune_points_never_train_on_an_earlier_winner(tiny_corpus, tmp_path, mon
     tune.run_point(a, (("model.lr", "0.01"),))
     cmd = plans[0].train_command(REGISTRY["random"], 0, None)
     assert plans[0].tuned is None and str(tuned) not in cmd and cmd[-2:] == ["--model.lr", "0.01"]
-    # and the hash is the untuned one: a sweep re-run after its winner is written reuses its runs
-    assert plans[0].config_hash == bench_compare.Plan(bench_compare.build_parser().parse_args(
-        _args(tiny_corpus, tmp_path / "t", scale, "random") + ["--", "--model.lr", "0.01"])).config_hash
+    assert plans[0].config_hash == before  # a sweep re-run after its winner is written reuses its runs
 
 
 def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus, tmp_path, monkeypatch) -> None:
