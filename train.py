@@ -6,7 +6,8 @@
 The learner is ``--model``: this project's GPT (``LitGPT``, the default; ``--model.config.n_layer``
 and the other ``GPTConfig`` fields size it) or a transformers causal LM built from its config,
 ``--model selection_callbacks.learner.LitCausalLM --model.config configs/model/tiny-llama.yaml``
-(a config file, or inline fields: ``--model.config '{model_type: llama, hidden_size: 64, ...}'``).
+(a config file, one field changed with ``--model.config.num_hidden_layers 4``, or inline fields:
+``--model.config '{model_type: llama, hidden_size: 64, ...}'``).
 The optimizer arguments (``--model.optimizer muon``, ``--model.lr``, ...) are the same for both.
 
 The selection callback is ``--selection`` (a ``SelectionCallback`` subclass; its ratio follows

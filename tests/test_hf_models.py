@@ -12,6 +12,7 @@ import lightning as L
 import pytest
 import torch
 import torch.nn.functional as F
+import yaml
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: nothing is downloaded
 
@@ -19,6 +20,7 @@ import train  # noqa: E402
 from selection_callbacks.data.datamodule import PoolDataModule  # noqa: E402
 from selection_callbacks.learner import LitCausalLM  # noqa: E402
 from selection_callbacks.learner.hf_causal_lm import causal_lm_config  # noqa: E402
+from selection_callbacks.learner.lit_gpt import LitGPT  # noqa: E402
 from selection_callbacks.methods import RandomSelection  # noqa: E402
 from selection_callbacks.nn.optim import build_optimizer, param_split  # noqa: E402
 
@@ -123,17 +125,19 @@ def test_muon_steps_a_conv1d_weight_as_the_transposed_linear() -> None:
     assert group["lr"] == pytest.approx(0.02 * 2) and group["weight_decay"] == pytest.approx(0.01 / 2)
 
 
-def _run(corpus: dict[str, str], root: Path, name: str, method: str, optimizer: str) -> dict:
+def _run(corpus: dict[str, str], root: Path, name: str, method: str, optimizer: str, *extra: str) -> dict:
+    """A 3-step train.py run of ``configs/model/tiny-{name}.yaml`` (or ``name`` as an inline config)."""
+    config = str(ROOT / f"configs/model/tiny-{name}.yaml") if name in MODELS else name
     args = ["fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config",
             str(ROOT / f"configs/method/{method}.yaml"), "--model", "selection_callbacks.learner.LitCausalLM",
-            "--model.config", str(ROOT / f"configs/model/tiny-{name}.yaml"), "--model.optimizer", optimizer,
+            "--model.config", config, "--model.optimizer", optimizer,
             "--model.warmup_steps", "1", "--data.pool", corpus["pool"], "--data.target", corpus["target"],
             "--data.val", corpus["val"], "--data.seq_len", "32", "--data.batch_size", "4", "--data.val_samples", "8",
             "--data.progress", "false", "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
             "--trainer.enable_progress_bar", "false", "--trainer.logger", "false", "--ledger.enabled", "false",
-            "--trainer.default_root_dir", str(root)]
+            "--trainer.default_root_dir", str(root), *extra]
     cli = train.main(args)
-    assert type(cli.model.model).__name__.lower().startswith(name.replace("gpt2", "gpt2lm"))
+    assert isinstance(cli.model, LitCausalLM)
     return json.loads((root / "metrics.json").read_text())
 
 
@@ -142,9 +146,45 @@ def _run(corpus: dict[str, str], root: Path, name: str, method: str, optimizer: 
                                                ("high_loss", "muon")])
 def test_train_py_runs_each_model(tiny_corpus, tmp_path: Path, name: str, method: str, optimizer: str) -> None:
     metrics = _run(tiny_corpus, tmp_path, name, method, optimizer)
+    built = yaml.safe_load((tmp_path / "config.yaml").read_text())["model"]["init_args"]
+    assert built["config"]["model_type"] == name and built["optimizer"] == optimizer  # the file's fields, inline
     assert metrics["global_step"] == 3 and metrics["update_tokens"] == 3 * 4 * 32  # K=4 of N=8
     assert metrics["selection"]["kept"] == 3 * 4 and metrics["selection"]["candidates_seen"] == 3 * 8
     assert 0 < metrics["val_bpb"] < 20
+
+
+def test_inline_config_of_an_untied_llama(tiny_corpus, tmp_path: Path) -> None:
+    inline = ("{model_type: llama, vocab_size: 320, hidden_size: 32, intermediate_size: 64, num_hidden_layers: 1, "
+              "num_attention_heads: 2, max_position_embeddings: 64, tie_word_embeddings: false}")
+    metrics = _run(tiny_corpus, tmp_path, inline, "high_loss", "muon")
+    assert metrics["global_step"] == 3 and 0 < metrics["val_bpb"] < 20
+    saved = yaml.safe_load((tmp_path / "config.yaml").read_text())["model"]
+    assert saved["class_path"] == "selection_callbacks.learner.LitCausalLM"
+    assert saved["init_args"]["config"]["tie_word_embeddings"] is False
+
+
+def test_the_default_learner_stays_the_gpt_sized_by_the_data(tiny_corpus) -> None:
+    args = ["--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--model.config.n_layer", "1", "--data.seq_len", "48",
+            "--data.pool", tiny_corpus["pool"], "--data.target", tiny_corpus["target"], "--data.val", tiny_corpus["val"]]
+    cli = train.SelectionCLI(None, PoolDataModule, subclass_mode_model=True, args=args, run=False)
+    assert isinstance(cli.model, LitGPT) and (cli.model.config.n_layer, cli.model.config.block_size) == (1, 48)
+
+
+def test_a_config_file_with_one_field_changed_on_the_command_line(tiny_corpus) -> None:
+    args = ["--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--model", "selection_callbacks.learner.LitCausalLM",
+            "--model.config", str(ROOT / "configs/model/tiny-llama.yaml"), "--model.config.num_hidden_layers", "1",
+            "--data.pool", tiny_corpus["pool"], "--data.target", tiny_corpus["target"], "--data.val", tiny_corpus["val"]]
+    cli = train.SelectionCLI(None, PoolDataModule, subclass_mode_model=True, args=args, run=False)
+    assert (cli.model.config.num_hidden_layers, cli.model.config.hidden_size) == (1, 64)
+
+
+@pytest.mark.gpu
+@pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")
+@pytest.mark.parametrize("name", MODELS)
+def test_bf16_run_on_cuda(tiny_corpus, tmp_path: Path, name: str) -> None:
+    metrics = _run(tiny_corpus, tmp_path, name, "high_loss", "muon", "--trainer.accelerator", "gpu",
+                   "--trainer.precision", "bf16-mixed")
+    assert metrics["global_step"] == 3 and 0 < metrics["val_bpb"] < 20
 
 
 def test_start_up_lists_the_split(tiny_corpus, tmp_path: Path, caplog) -> None:
