@@ -8,6 +8,7 @@ from typing import Any, Literal
 import torch
 import yaml
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
+from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
 from selection_callbacks.learner.language_model import LitLanguageModel
 
@@ -80,8 +81,6 @@ class LitCausalLM(LitLanguageModel):
 
 def causal_lm_config(config: str | dict[str, Any] | PretrainedConfig) -> PretrainedConfig:
     """The ``PretrainedConfig`` that ``config`` describes (a file, a dict with ``model_type``, or a config as is)."""
-    if isinstance(config, PretrainedConfig):
-        return config
     source = "the config"
     if isinstance(config, (str, Path)):
         path, source = Path(config), f"config file {str(config)!r}"
@@ -89,24 +88,19 @@ def causal_lm_config(config: str | dict[str, Any] | PretrainedConfig) -> Pretrai
             raise FileNotFoundError(f"{source} does not exist; pass a YAML/JSON file of a transformers config's "
                                     "fields (e.g. configs/model/tiny-llama.yaml) or a dict with model_type")
         config = yaml.safe_load(path.read_text())  # YAML reads JSON too
-    if not isinstance(config, dict):
+    if isinstance(config, dict):
+        fields = dict(config)
+        model_type = fields.pop("model_type", None)
+        if model_type is None:
+            raise ValueError(f"{source} has no model_type: name the architecture (model_type: llama, gpt2, qwen2, "
+                             "...), e.g. --model.config configs/model/tiny-llama.yaml")
+        try:
+            config = AutoConfig.for_model(model_type, **fields)
+        except ValueError as err:
+            raise ValueError(f"{source}: model_type {model_type!r} is not a transformers architecture ({err})") from err
+    if not isinstance(config, PretrainedConfig):
         raise TypeError(f"{source} is a {type(config).__name__}; expected a mapping of transformers config fields")
-    fields = dict(config)
-    model_type = fields.pop("model_type", None)
-    if model_type is None:
-        raise ValueError(f"{source} has no model_type: name the architecture (model_type: llama, gpt2, qwen2, ...), "
-                         "e.g. --model.config configs/model/tiny-llama.yaml")
-    try:
-        hf_config = AutoConfig.for_model(model_type, **fields)
-    except ValueError as err:
-        raise ValueError(f"{source}: model_type {model_type!r} is not a transformers architecture ({err})") from err
-    if not _has_causal_lm(hf_config):
-        raise ValueError(f"{source}: model_type {model_type!r} ({type(hf_config).__name__}) has no causal-LM class "
-                         "in transformers' AutoModelForCausalLM; choose a decoder such as llama, gpt2 or qwen2")
-    return hf_config
-
-
-def _has_causal_lm(config: PretrainedConfig) -> bool:
-    from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
-
-    return type(config) in MODEL_FOR_CAUSAL_LM_MAPPING
+    if type(config) not in MODEL_FOR_CAUSAL_LM_MAPPING:
+        raise ValueError(f"{source}: model_type {config.model_type!r} ({type(config).__name__}) has no causal-LM "
+                         "class in transformers' AutoModelForCausalLM; choose a decoder such as llama, gpt2 or qwen2")
+    return config

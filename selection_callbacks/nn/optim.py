@@ -145,7 +145,7 @@ class ParamSplit:
         if self.tied:
             lines.append("  tied: " + ", ".join(f"{alias} is {name}" for alias, name in self.tied.items()))
         if self.transposed:
-            step = "Muon lr ×√(out/in) so torch's shape rule sees [out, in]" if optimizer == "muon" else "no effect"
+            step = "Muon lr ×√(out/in), as for [out, in]" if optimizer == "muon" else "AdamW is elementwise: as stored"
             lines.append(f"  stored [in, out] (Conv1D; {step}): {_patterns(sorted(self.transposed))}")
         return "\n".join(lines)
 
@@ -229,7 +229,7 @@ def _conv1d_type() -> type | None:
     return getattr(module, "Conv1D", None)
 
 
-def _patterns(names: list[str], shown: int = 6) -> str:
+def _patterns(names: list[str], shown: int = 8) -> str:
     """Names with layer indices folded to ``*`` (``h.0.attn`` and ``h.1.attn`` → ``h.*.attn``), first ``shown`` kept."""
     folded = list(dict.fromkeys(re.sub(r"\.\d+(?=\.|$)", ".*", n) for n in names))
     more = f" (+{len(folded) - shown} more)" if len(folded) > shown else ""
