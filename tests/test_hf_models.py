@@ -194,10 +194,19 @@ def test_start_up_lists_the_split(tiny_corpus, tmp_path: Path, caplog) -> None:
     assert "stored [in, out] (Conv1D" in caplog.text
 
 
-def test_checkpoint_hyperparameters_rebuild_the_model() -> None:
-    model = _model("qwen2")
-    rebuilt = LitCausalLM(**model.hparams)
-    assert type(rebuilt.model) is type(model.model) and rebuilt.config.to_diff_dict() == model.config.to_diff_dict()
+def test_a_checkpoint_rebuilds_the_model_without_its_config_file(tiny_corpus, tmp_path: Path) -> None:
+    dm = PoolDataModule(tiny_corpus["pool"], tiny_corpus["target"], tiny_corpus["val"], seq_len=32, batch_size=4,
+                        ratio=0.5, progress=False)
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, callbacks=[RandomSelection(0.5)], logger=False,
+                        enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
+                        limit_val_batches=0)
+    model = LitCausalLM(str(ROOT / "configs/model/tiny-qwen2.yaml"), optimizer="muon", warmup_steps=1)
+    trainer.fit(model, datamodule=dm)
+    trainer.save_checkpoint(tmp_path / "last.ckpt")
+    loaded = LitCausalLM.load_from_checkpoint(tmp_path / "last.ckpt", map_location="cpu")
+    assert loaded.hparams.optimizer == "muon" and loaded.config.to_diff_dict() == model.config.to_diff_dict()
+    for (name, a), b in zip(model.state_dict().items(), loaded.state_dict().values()):
+        torch.testing.assert_close(a, b, msg=name)
 
 
 @pytest.mark.parametrize("config, error, match", [
