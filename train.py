@@ -1,7 +1,14 @@
-"""Train a GPT on a pool with an online selection callback.
+"""Train a GPT, or any Hugging Face causal LM, on a pool with an online selection callback.
 
     python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/random.yaml \
         --data.pool P --data.target T --data.val V
+
+The learner is ``--model``: this project's GPT (``LitGPT``, the default; ``--model.config.n_layer``
+and the other ``GPTConfig`` fields size it) or a transformers causal LM built from its config,
+``--model selection_callbacks.learner.LitCausalLM --model.config configs/model/tiny-llama.yaml``
+(a config file, one field changed with ``--model.config.num_hidden_layers 4``, or inline fields:
+``--model.config '{model_type: llama, hidden_size: 64, ...}'``).
+The optimizer arguments (``--model.optimizer muon``, ``--model.lr``, ...) are the same for both.
 
 The selection callback is ``--selection`` (a ``SelectionCallback`` subclass; its ratio follows
 ``--data.ratio``); ``--recorder`` writes ``metrics.json`` (validation curve against update
@@ -24,6 +31,8 @@ from __future__ import annotations
 
 from pathlib import Path
 
+import lightning as L
+from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from selection_callbacks.learner.lit_gpt import LitGPT
@@ -58,7 +67,17 @@ class SelectionCLI(LightningCLI):
         parser.link_arguments("recorder.out_dir", "ledger.run_dir")
         parser.link_arguments("data.ratio", "selection.init_args.ratio")
         parser.link_arguments("data.seed", "selection.init_args.seed")
-        parser.link_arguments("data.seq_len", "model.config.block_size")
+        if self.subclass_mode_model:  # --model names the learner: LitGPT unless told otherwise
+            parser.set_defaults({"model": {"class_path": f"{LitGPT.__module__}.{LitGPT.__name__}"}})
+        else:  # the learner is fixed: the GPT's block size follows the data
+            parser.link_arguments("data.seq_len", "model.config.block_size")
+
+    def before_instantiate_classes(self) -> None:
+        """With ``--model`` free, a learner whose config has a ``block_size`` (the GPT's) gets ``data.seq_len``."""
+        config = self.config[self.subcommand] if self.subcommand else self.config
+        learner_config = config.model.init_args.get("config") if self.subclass_mode_model else None
+        if isinstance(learner_config, Namespace) and "block_size" in learner_config:
+            learner_config.block_size = config.data.seq_len
 
     def _instantiate_trainer(self, config, callbacks):
         # an absent --selection is None among the extra callbacks: leave it out
@@ -81,7 +100,8 @@ class SelectionCLI(LightningCLI):
 
 
 def main(args: list[str] | None = None) -> SelectionCLI:
-    return SelectionCLI(LitGPT, PoolDataModule, args=args, save_config_callback=RunFolderConfig,
+    return SelectionCLI(L.LightningModule, PoolDataModule, subclass_mode_model=True, args=args,
+                        save_config_callback=RunFolderConfig,
                         save_config_kwargs={"overwrite": True, "save_to_log_dir": False})
 
 

@@ -29,6 +29,7 @@ _EXPORTS = {
     "SelectionRecord": "selection_callbacks.core.selection",
     "MuonWithAdamW": "selection_callbacks.nn.optim",
     "LitGPT": "selection_callbacks.learner.lit_gpt",
+    "LitCausalLM": "selection_callbacks.learner.hf_causal_lm",
 }
 
 __all__ = sorted(_EXPORTS)

@@ -1,9 +1,16 @@
-"""Optimizers for the GPT: AdamW, or Muon on hidden matrices + AdamW on the rest as one object."""
+"""Optimizers for a language model: AdamW, or Muon on hidden matrices + AdamW on the rest as one object.
+
+Which tensor goes where is one stated rule (:func:`param_split`), the same for this project's GPT and
+Hugging Face causal LMs (Llama, Qwen2, GPT-2's ``Conv1D``); :meth:`ParamSplit.describe` lists its choices.
+"""
 
 from __future__ import annotations
 
 import math
+import re
+import sys
 from collections.abc import Callable
+from dataclasses import dataclass
 from typing import Any
 
 import torch
@@ -90,26 +97,89 @@ class MuonWithAdamW(torch.optim.Optimizer):
         self.param_groups = self.muon.param_groups + self.adamw.param_groups
 
 
-def split_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
-    """(hidden 2-D matrices, other 2-D weights: embeddings and head, 1-D: norms and biases).
+# The split rule, applied to each trainable tensor once, in registration order (a tensor reached under
+# several names, as a tied head is, is listed under its first name: the embedding's):
+#
+# 1. 0-D and 1-D tensors (norm gains, biases) → ``flat``: AdamW without weight decay.
+# 2. the weights of ``nn.Embedding`` modules (token and position tables) → ``other2d``: AdamW with decay.
+# 3. the weights of the output head (:func:`~selection_callbacks.nn.heads.output_heads`) → ``other2d``.
+# 4. any other tensor of more than two dimensions (stacked expert weights) → ``other2d``: Muon takes matrices.
+# 5. every other 2-D tensor is a hidden matrix → ``hidden``: Muon under ``"muon"``, AdamW with decay under
+#    ``"adamw"``. A hidden matrix of a transformers ``Conv1D`` (GPT-2) is stored [in, out], the transpose of
+#    ``nn.Linear``'s [out, in]; it is ``transposed`` (see :func:`build_optimizer` for what Muon does with it).
+_RULES = {
+    "hidden": "hidden 2-D matrices",
+    "other2d": "embeddings, output head, >2-D weights",
+    "flat": "norms and biases (<2-D)",
+}
 
-    The head is found by :func:`~selection_callbacks.nn.heads.output_heads`; a tied head shares
-    the embedding's parameter, which is listed once.
+
+@dataclass(frozen=True)
+class ParamSplit:
+    """Where the split rule puts each trainable tensor, by its ``named_parameters`` name.
+
+    Attributes:
+        hidden: hidden 2-D matrices.
+        other2d: embeddings (token and position), the output head, and weights of more than two dimensions.
+        flat: tensors of fewer than two dimensions: norm gains and biases.
+        transposed: names of the hidden matrices stored [in, out] (transformers' ``Conv1D``).
+        tied: each further name of a tied tensor → the name it is listed under.
     """
-    hidden, other2d, flat = [], [], []
-    heads, seen = output_heads(model), set()
-    for module_name, module in model.named_modules():
-        for name, p in module.named_parameters(recurse=False):
-            if not p.requires_grad or id(p) in seen:
+
+    hidden: dict[str, nn.Parameter]
+    other2d: dict[str, nn.Parameter]
+    flat: dict[str, nn.Parameter]
+    transposed: frozenset[str]
+    tied: dict[str, str]
+
+    def describe(self, optimizer: str) -> str:
+        """A compact table of the rule's choices: per group the rule, tensor and element counts, and name patterns."""
+        groups = {"hidden": "muon" if optimizer == "muon" else "adamw, decay", "other2d": "adamw, decay",
+                  "flat": "adamw, no decay"}
+        lines = [f"parameter split for optimizer={optimizer!r} (a tied tensor counted once):"]
+        for key, where in groups.items():
+            params: dict[str, nn.Parameter] = getattr(self, key)
+            numel = sum(p.numel() for p in params.values())
+            lines.append(f"  {where:<15} {_RULES[key]:<38} {len(params):>4} tensors {numel:>12,} elements  "
+                         f"{_patterns(list(params))}")
+        if self.tied:
+            lines.append("  tied: " + ", ".join(f"{alias} is {name}" for alias, name in self.tied.items()))
+        if self.transposed:
+            step = "Muon lr ×√(out/in), as for [out, in]" if optimizer == "muon" else "AdamW is elementwise: as stored"
+            lines.append(f"  stored [in, out] (Conv1D; {step}): {_patterns(sorted(self.transposed))}")
+        return "\n".join(lines)
+
+
+def param_split(model: nn.Module) -> ParamSplit:
+    """The model's trainable tensors split by the rule above (frozen tensors are left out)."""
+    groups: dict[str, dict[str, nn.Parameter]] = {"hidden": {}, "other2d": {}, "flat": {}}
+    transposed, tied, first_name = set(), {}, {}
+    heads = output_heads(model)
+    conv1d = _conv1d_type()
+    for module_name, module in model.named_modules(remove_duplicate=False):
+        for local, p in module.named_parameters(recurse=False):
+            name = f"{module_name}.{local}" if module_name else local
+            if not p.requires_grad:
                 continue
-            seen.add(id(p))
+            if id(p) in first_name:
+                tied[name] = first_name[id(p)]
+                continue
+            first_name[id(p)] = name
             if p.ndim < 2:
-                flat.append(p)
-            elif isinstance(module, nn.Embedding) or module_name in heads:
-                other2d.append(p)
+                groups["flat"][name] = p
+            elif isinstance(module, nn.Embedding) or module_name in heads or p.ndim > 2:
+                groups["other2d"][name] = p
             else:
-                hidden.append(p)
-    return hidden, other2d, flat
+                groups["hidden"][name] = p
+                if conv1d is not None and isinstance(module, conv1d):
+                    transposed.add(name)
+    return ParamSplit(**groups, transposed=frozenset(transposed), tied=tied)
+
+
+def split_params(model: nn.Module) -> tuple[list[nn.Parameter], list[nn.Parameter], list[nn.Parameter]]:
+    """(hidden 2-D matrices, embeddings/head/>2-D weights, norms and biases) by the rule of :func:`param_split`."""
+    split = param_split(model)
+    return list(split.hidden.values()), list(split.other2d.values()), list(split.flat.values())
 
 
 def build_optimizer(
@@ -122,20 +192,48 @@ def build_optimizer(
     muon_momentum: float,
     muon_weight_decay: float,
 ) -> torch.optim.Optimizer:
-    """AdamW over everything (decay on 2-D weights), or Muon on hidden 2-D matrices + AdamW on the rest."""
-    hidden, other2d, flat = split_params(model)
+    """AdamW over everything (decay on ≥2-D weights), or Muon on hidden 2-D matrices + AdamW on the rest.
+
+    A hidden matrix stored [in, out] (``Conv1D``) is orthogonalised as stored: Newton–Schulz commutes with
+    the transpose, NS(Gᵀ) = NS(G)ᵀ. torch's Muon scales each step by √max(1, rows/cols) of the *stored*
+    shape, which for [in, out] would be √max(1, in/out) instead of a Linear's √max(1, out/in); such a
+    matrix therefore sits in a Muon group with lr × √(out/in) and weight decay ÷ √(out/in), so its update
+    and decay equal those of the same layer as an ``nn.Linear``.
+    """
+    split = param_split(model)
+    hidden, other2d, flat = list(split.hidden.values()), list(split.other2d.values()), list(split.flat.values())
     if name == "adamw":
         groups = [{"params": hidden + other2d, "weight_decay": weight_decay}, {"params": flat, "weight_decay": 0.0}]
         return torch.optim.AdamW([g for g in groups if g["params"]], lr=lr, betas=betas)
     if name == "muon":
+        by_ratio: dict[float, list[nn.Parameter]] = {}
+        for pname, p in split.hidden.items():
+            ratio = math.sqrt(p.shape[1] / p.shape[0]) if pname in split.transposed else 1.0
+            by_ratio.setdefault(ratio, []).append(p)
+        muon_groups = [{"params": by_ratio.pop(1.0, [])}]
+        muon_groups += [{"params": ps, "lr": muon_lr * r, "weight_decay": muon_weight_decay / r}
+                        for r, ps in sorted(by_ratio.items())]
         adamw_groups = [{"params": other2d, "weight_decay": weight_decay}, {"params": flat, "weight_decay": 0.0}]
         return MuonWithAdamW(
-            muon_groups=[{"params": hidden}],
+            muon_groups=[g for g in muon_groups if g["params"]],
             adamw_groups=[g for g in adamw_groups if g["params"]],
             muon_kwargs={"lr": muon_lr, "momentum": muon_momentum, "weight_decay": muon_weight_decay},
             adamw_kwargs={"lr": lr, "betas": betas},
         )
     raise ValueError(f"unknown optimizer {name!r}; choose 'adamw' or 'muon'")
+
+
+def _conv1d_type() -> type | None:
+    """transformers' ``Conv1D`` (weight [in, out]) when transformers is loaded; a model holding one has loaded it."""
+    module = sys.modules.get("transformers.pytorch_utils")
+    return getattr(module, "Conv1D", None)
+
+
+def _patterns(names: list[str], shown: int = 8) -> str:
+    """Names with layer indices folded to ``*`` (``h.0.attn`` and ``h.1.attn`` → ``h.*.attn``), first ``shown`` kept."""
+    folded = list(dict.fromkeys(re.sub(r"\.\d+(?=\.|$)", ".*", n) for n in names))
+    more = f" (+{len(folded) - shown} more)" if len(folded) > shown else ""
+    return ", ".join(folded[:shown]) + more if folded else "-"
 
 
 def warmup_cosine(warmup_steps: int, total_steps: int, min_lr_ratio: float) -> Callable[[int], float]:

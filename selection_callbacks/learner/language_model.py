@@ -1,0 +1,119 @@
+"""What every learner of this project shares: the per-sample loss protocol, training on the selected rows,
+bits-per-byte validation, and AdamW or Muon+AdamW under a warmup-cosine schedule."""
+
+from __future__ import annotations
+
+import math
+from typing import Any
+
+import lightning as L
+import torch
+from lightning.pytorch.utilities import rank_zero_info
+from torchmetrics import SumMetric
+from typing_extensions import override
+
+from selection_callbacks.data.tokenizer import ByteTokenizer
+from selection_callbacks.nn.optim import build_optimizer, param_split, warmup_cosine
+from selection_callbacks.scoring.losses import sequence_means, token_losses
+
+__all__ = ["LitLanguageModel"]
+
+
+class LitLanguageModel(L.LightningModule):
+    """A causal LM ``self.model`` trained on (selected) superbatches; subclasses build the model.
+
+    A subclass sets ``self.model`` (its ``config`` has ``vocab_size`` and the field named by
+    :attr:`max_len_field`), implements ``forward(input_ids [N, T]) -> logits [N, T, V]``, and has the
+    optimizer arguments of :class:`~selection_callbacks.learner.lit_gpt.LitGPT` among its saved
+    hyperparameters (``optimizer``, ``lr``, ``weight_decay``, ``betas``, ``muon_lr``, ``muon_momentum``,
+    ``muon_weight_decay``, ``warmup_steps``, ``min_lr_ratio``).
+
+    ``per_sample_loss(batch) -> Tensor[N]`` is the protocol selection methods use: the mean token loss
+    of each row under the current weights, honouring ``labels`` and ``loss_mask``
+    (:func:`~selection_callbacks.scoring.losses.token_losses`). Validation logs ``val/loss`` (nats per
+    target token) and ``val/bpb`` (nats over the target tokens that stand for bytes, / (ln 2 · bytes)).
+
+    Example::
+
+        class LitMine(LitLanguageModel):
+            def __init__(self, width: int = 64, optimizer: str = "adamw", lr: float = 3e-3) -> None:
+                super().__init__(vocab_size=320)
+                self.save_hyperparameters()  # with the other optimizer arguments listed above
+                self.model = MyLM(width)  # .config has vocab_size and block_size
+
+            def forward(self, input_ids):
+                return self.model(input_ids)
+
+    Args:
+        vocab_size: ids of the model's output (sizes the byte table behind ``val/bpb``).
+    """
+
+    max_len_field = "block_size"  # the model config's field bounding the sequence length
+
+    def __init__(self, vocab_size: int) -> None:
+        super().__init__()
+        self.register_buffer("token_bytes", ByteTokenizer().token_bytes(vocab_size), persistent=False)
+        self.val_nats = SumMetric()
+        self.val_tokens = SumMetric()
+        self.val_byte_nats = SumMetric()
+        self.val_bytes = SumMetric()
+
+    @override
+    def setup(self, stage: str) -> None:
+        dm = getattr(self.trainer, "datamodule", None) if self._trainer is not None else None
+        config = self.model.config
+        vocab = getattr(dm, "vocab_size", None)
+        if vocab is not None and vocab > config.vocab_size:
+            raise ValueError(f"data vocabulary {vocab} exceeds model.config.vocab_size={config.vocab_size}")
+        seq_len, max_len = getattr(dm, "seq_len", None), getattr(config, self.max_len_field, None)
+        if seq_len is not None and max_len is not None and seq_len > max_len:
+            raise ValueError(f"data.seq_len={seq_len} exceeds model.config.{self.max_len_field}={max_len}")
+        tokenizer = getattr(dm, "tokenizer", None)
+        if tokenizer is not None:
+            table = tokenizer.token_bytes(config.vocab_size)
+            self.token_bytes = None if table is None else table[: config.vocab_size].to(self.device)
+
+    def per_sample_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
+        """Mean token loss of each sequence, [N] (masked tokens excluded)."""
+        nll, mask, _ = token_losses(self(batch["input_ids"]), batch)
+        return sequence_means(nll, mask)
+
+    @override
+    def training_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> torch.Tensor:
+        loss = self.per_sample_loss(batch).mean()
+        self.log("train/loss", loss, prog_bar=True, batch_size=batch["input_ids"].shape[0])
+        return loss
+
+    @override
+    def validation_step(self, batch: dict[str, torch.Tensor], batch_idx: int) -> None:
+        nll, mask, targets = token_losses(self(batch["input_ids"]), batch)
+        self.val_nats.update((nll * mask).sum())
+        self.val_tokens.update(mask.sum())
+        if self.token_bytes is not None:  # unknown for pre-tokenized data without a byte table
+            nbytes = self.token_bytes[targets] * mask
+            self.val_byte_nats.update((nll * (nbytes > 0)).sum())
+            self.val_bytes.update(nbytes.sum())
+
+    @override
+    def on_validation_epoch_end(self) -> None:
+        tokens, nbytes = self.val_tokens.compute(), self.val_bytes.compute()
+        if tokens > 0:
+            self.log("val/loss", self.val_nats.compute() / tokens, prog_bar=True)
+        if nbytes > 0:
+            self.log("val/bpb", self.val_byte_nats.compute() / (math.log(2) * nbytes), prog_bar=True)
+        for metric in (self.val_nats, self.val_tokens, self.val_byte_nats, self.val_bytes):
+            metric.reset()
+
+    @override
+    def configure_optimizers(self) -> dict[str, Any]:
+        hp = self.hparams
+        rank_zero_info(f"{type(self).__name__}: " + param_split(self.model).describe(hp.optimizer))
+        opt = build_optimizer(
+            self.model, hp.optimizer, hp.lr, hp.weight_decay, tuple(hp.betas), hp.muon_lr, hp.muon_momentum,
+            hp.muon_weight_decay,
+        )
+        total = self.trainer.estimated_stepping_batches
+        if not math.isfinite(total):
+            raise ValueError("set trainer.max_steps (or max_epochs) so the cosine schedule knows the run length")
+        sched = torch.optim.lr_scheduler.LambdaLR(opt, warmup_cosine(hp.warmup_steps, int(total), hp.min_lr_ratio))
+        return {"optimizer": opt, "lr_scheduler": {"scheduler": sched, "interval": "step"}}
