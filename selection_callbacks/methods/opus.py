@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -42,25 +42,40 @@ class OPUSSelection(GhostSelection):
             ``sketch_dim=0`` also turns the term off: there are no sketches to build it from.
         adamw_map: AdamW's second moment in the map: ``"frozen"`` (torch's v, the derivative at g → 0)
             or ``"proxy_in_v"`` (the proxy gradient's share put into v at every step).
+        muon_point: where Muon's Newton–Schulz derivative is evaluated: ``"batch"`` (the momentum plus
+            the share of a batch of K × accumulation rows drawn from the candidates, averaged over
+            ``muon_draws`` draws) or ``"momentum"`` (the momentum alone, the fresh gradient's share → 0).
+        muon_draws: batches drawn for ``muon_point="batch"`` (one vector–Jacobian product each per matrix).
         **kwargs: :class:`GhostSelection` arguments (``score_len``, ``sketch_dim``,
             ``proxy_batch_size``, ``proxy``, ``include_embedding``, ``seed``, ...).
     """
 
     def __init__(
-        self, ratio: float = 0.5, temperature: float = 0.25, redundancy_weight: float = 1.0, adamw_map: AdamWMap = "frozen", **kwargs: Any
+        self,
+        ratio: float = 0.5,
+        temperature: float = 0.25,
+        redundancy_weight: float = 1.0,
+        adamw_map: AdamWMap = "frozen",
+        muon_point: Literal["batch", "momentum"] = "batch",
+        muon_draws: int = 8,
+        **kwargs: Any,
     ) -> None:
         if adamw_map not in ("frozen", "proxy_in_v"):
             raise ValueError(f"unknown adamw_map {adamw_map!r}; choose 'frozen' or 'proxy_in_v'")
+        if muon_point not in ("batch", "momentum") or muon_draws < 1:
+            raise ValueError(f"muon_point must be 'batch' or 'momentum' and muon_draws ≥ 1, got {muon_point!r}, {muon_draws}")
         if redundancy_weight < 0:
             raise ValueError(f"redundancy_weight must be ≥ 0, got {redundancy_weight}")
         if redundancy_weight == 0:  # nothing would read the sketches
             kwargs["sketch_dim"] = 0
         super().__init__(ratio=ratio, temperature=temperature, **kwargs)
         self.redundancy_weight, self.adamw_map = redundancy_weight, adamw_map
+        self.muon_point, self.muon_draws = muon_point, muon_draws
 
     @override
     def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
-        return OptimizerPreconditioner(trainer.optimizers[0], self.adamw_map)
+        batch = k * trainer.accumulate_grad_batches if self.muon_point == "batch" else None
+        return OptimizerPreconditioner(trainer.optimizers[0], self.adamw_map, batch, self.muon_draws)
 
     @override
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:

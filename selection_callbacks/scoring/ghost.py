@@ -13,7 +13,8 @@ group's last gradient arrives (one kernel per group rather than per layer: a GPU
 these sizes); on a CPU each layer is scored alone (stacking only copies there). Per layer:
 
 - proxy direction ḡ = (1/P) Σ_p G_p and the utility vector Q = −Jᵀḡ of the step's derivative J
-  (``Preconditioner.utility_vector``; Q = P ḡ for the self-adjoint SGD and AdamW maps);
+  (``Preconditioner.utility_vector``; Q = P ḡ for the self-adjoint SGD and AdamW maps; Muon's J
+  may be evaluated at draws of the step's batch from the pass's candidates, :class:`CandidateDraws`);
 - exact utilities u_i = ⟨G_i, Q⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
 - optional m-dimensional sketches S_i with E⟨S_i, S_j⟩ = ⟨P G_i, P G_j⟩, summed over layers (a tensor
   sketch gives each layer its own block of bins, in proportion to its size: its cost is linear in the block);
@@ -108,6 +109,8 @@ class GhostEngine:
         candidate_chunk: score candidates in forward/backward passes of at most this many rows
             (the proxy rows ride with the first), so activation memory stays flat in N (None: one
             pass over all rows, the fastest for small N). Rows must not interact (no batch norm).
+            Scores equal one pass's, except where a map draws the step's batch (Muon's batch point):
+            it draws from the first chunk's candidates.
         stack_layers: score same-shaped layers of one optimizer group as one stack (None: on
             accelerators, not on CPU, where it copies the captures and saves no launches).
     """
@@ -289,7 +292,7 @@ class GhostEngine:
         del inputs, grads
         maps = state.maps.get(names)
         if maps is None:  # the pass carrying the proxy rows fixes the group's maps
-            maps = state.maps[names] = self._linear_maps(modules, B[:, N:], A[:, N:], state)
+            maps = state.maps[names] = self._linear_maps(modules, B, A, state)
         if N == 0:
             return
         B, A = B[:, :N], A[:, :N]
@@ -312,12 +315,14 @@ class GhostEngine:
             state.add_norm(sq if bias_pg is None else sq + bias_pg.pow(2).sum((0, 2)))
 
     def _linear_maps(self, modules: list[nn.Module], B: torch.Tensor, A: torch.Tensor, state: "_PassState") -> "_LayerMaps":
-        """P and Q = −Jᵀḡ of stacked linear layers from the proxy rows' B [L, P, T, d_out], A [L, P, T, d_in]."""
-        gbar = (B.flatten(1, 2).mT @ A.flatten(1, 2)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P, [L, d_out, d_in]
-        pre = state.resolve([m.weight for m in modules], gbar)
+        """P and Q = −Jᵀḡ of stacked linear layers from the pass's B [L, n + P, T, d_out], A [L, n + P, T, d_in]
+        (the proxy rows fix ḡ; the n candidates stand in for the step's batch where a map asks for it)."""
+        n = state.n
+        gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P, [L, d_out, d_in]
+        pre = state.resolve([m.weight for m in modules], gbar, CandidateDraws(B[:, :n], A[:, :n], state.seed))
         maps = _LayerMaps(pre, pre.utility_vector(gbar))
         if modules[0].bias is not None:
-            gbar_bias = B.sum(2).mean(1)
+            gbar_bias = B[:, n:].sum(2).mean(1)
             maps.bias_pre = state.resolve([m.bias for m in modules], gbar_bias)
             maps.Q_bias = maps.bias_pre.utility_vector(gbar_bias)
         if self.sketch_dim and self.sketch != "count" and isinstance(pre, DiagonalMap):
@@ -391,6 +396,27 @@ class GhostEngine:
                 [torch.zeros(vocab, rows.shape[-1], device=rows.device).index_add_(0, i, r)
                  for i, r in zip(ids[k : k + self.chunk], rows[k : k + self.chunk])]
             )
+
+
+class CandidateDraws:
+    """Mean gradients of random candidate subsets of stacked linear layers, B [L, n, T, d_out], A [L, n, T, d_in].
+
+    The generator restarts at ``seed`` on every call, so every layer of a scoring call draws the same rows.
+    """
+
+    def __init__(self, B: torch.Tensor, A: torch.Tensor, seed: int) -> None:
+        self.B, self.A, self.seed = B, A, seed
+
+    def mean_gradients(self, rows: int, draws: int) -> torch.Tensor:
+        """[draws, L, d_out, d_in]: Σ_{r∈S} Σ_t b aᵀ / rows for ``draws`` random row sets S."""
+        n = self.B.shape[1]
+        gen = torch.Generator().manual_seed(self.seed)
+        out = []
+        for _ in range(draws):
+            rows_s = torch.randperm(n, generator=gen)[:rows] if rows <= n else torch.randint(n, (rows,), generator=gen)
+            rows_s = rows_s.to(self.B.device)
+            out.append(self.B[:, rows_s].flatten(1, 2).mT @ self.A[:, rows_s].flatten(1, 2))
+        return torch.stack(out).div_(rows)
 
 
 @dataclass

@@ -47,6 +47,15 @@ class Preconditioner(Protocol):
         ...
 
 
+class StepDraws(Protocol):
+    """Draws of the mean gradient of the batch the next step will average, from the scored candidates."""
+
+    def mean_gradients(self, rows: int, draws: int) -> torch.Tensor:
+        """[draws, L, *shape]: each the mean gradient of ``rows`` candidate rows drawn at random, the same rows
+        in every layer of one scoring call (without replacement while ``rows`` ≤ the candidates)."""
+        ...
+
+
 def lead(x: Scale, ndim: int) -> Scale:
     """A per-layer tensor [L, *rest] viewed as [L, 1, ..., 1, *rest] with ``ndim`` dims (numbers pass)."""
     if not isinstance(x, torch.Tensor) or x.ndim == 0:
@@ -200,13 +209,20 @@ class MuonMap:
     Torch's Muon at the next step updates buf' = μ·buf + (1−μ)·g and orthogonalises
     U(g) = μ²·buf + (1−μ²)·g with Nesterov (U = buf' without: μ·buf + (1−μ)·g), then moves
     θ by −lr_adj·NS(U) (decoupled decay apart, which does not depend on g). So
-    J = −lr_adj·coef·∂NS/∂U, coef = 1 − μ² (1 − μ), evaluated at ``point`` = U(0), the momentum
-    torch will orthogonalise with the fresh gradient's share taken to zero: ``utility_vector`` is
-    lr_adj·coef·(∂NS/∂U)ᵀ ḡ there. At a layer's first step the momentum is zero and NS has no
-    derivative at 0; the point is then coef·ḡ, the update torch would take on the proxy gradient.
+    J = −lr_adj·coef·∂NS/∂U, coef = 1 − μ² (1 − μ), and ``utility_vector`` is
+    lr_adj·coef·(∂NS/∂U)ᵀ ḡ averaged over the evaluation points ``points`` [M, L, m, n]:
+
+    - with the step's batch (``_muon_map`` given draws): U = μ²·buf + coef·ḡ_S for M draws ḡ_S of
+      the batch's mean gradient, the momentum torch will orthogonalise on a batch like the
+      candidates (NS is steep along small singular values, so the batch's own share moves J);
+    - without: U(0) = μ²·buf, the momentum with the fresh gradient's share taken to zero (M = 1).
+
+    At a layer's first step the momentum is zero (U = coef·ḡ_S, or coef·ḡ without draws: the
+    update torch would take on the proxy gradient, since NS has no derivative at 0).
 
     ``apply`` and ``token_factors`` are the frozen map the sketches use: the Newton–Schulz steps
-    X ← aX + (bA + cA²)X, A = XXᵀ, started at X₀ = ū/‖ū‖_F (ū = ``point``) in the wide orientation,
+    X ← aX + (bA + cA²)X, A = XXᵀ, started at X₀ = ū/‖ū‖_F (ū = U(0), or coef·ḡ at the first
+    step) in the wide orientation,
     each multiply X on the left by a polynomial of X₀X₀ᵀ; their product L is symmetric and
     NS(ū) = L X₀. Holding L fixed, coef·g maps to lr_adj·coef/‖ū‖_F · L g (``scale`` [L] or a
     number, ``L`` [L, d, d]).
@@ -214,9 +230,9 @@ class MuonMap:
 
     exact_factors = True
 
-    def __init__(self, scale: Scale, L: torch.Tensor, tall: bool, point: torch.Tensor, step: Scale, ns: NewtonSchulz) -> None:
+    def __init__(self, scale: Scale, L: torch.Tensor, tall: bool, points: torch.Tensor, step: Scale, ns: NewtonSchulz) -> None:
         self.scale, self.L, self.tall = scale, L, tall
-        self.point, self.step, self.ns = point, step, ns
+        self.points, self.step, self.ns = points, step, ns
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
         # L is symmetric: L g = (gᵀ L)ᵀ
@@ -224,8 +240,8 @@ class MuonMap:
         return lead(self.scale, g.ndim) * Lg
 
     def utility_vector(self, gbar: torch.Tensor) -> torch.Tensor:
-        """lr_adj·coef·(∂NS/∂U)ᵀ ḡ at U = ``point``, [L, m, n]."""
-        return lead(self.step, gbar.ndim) * self.ns.vjp(self.point, gbar)
+        """lr_adj·coef·mean_U (∂NS/∂U)ᵀ ḡ over U in ``points``, [L, m, n]."""
+        return lead(self.step, gbar.ndim) * self.ns.vjp(self.points, gbar.expand_as(self.points)).mean(0)
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.tall:
@@ -306,20 +322,31 @@ def _stacked_state(states: list[dict], key: str, like: torch.Tensor) -> torch.Te
     return torch.stack([st[key].float() if key in st else torch.zeros_like(g, dtype=torch.float32) for st, g in zip(states, like)])
 
 
-def _muon_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> MuonMap:
+def _muon_map(
+    opt: torch.optim.Optimizer,
+    group: dict,
+    params: Sequence[torch.nn.Parameter],
+    gbar: torch.Tensor,
+    step: StepDraws | None = None,
+    batch_rows: int | None = None,
+    draws: int = 8,
+) -> MuonMap:
     mu, nesterov = group["momentum"], group["nesterov"]
     bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
     coef = (1 - mu * mu) if nesterov else (1 - mu)
     carry = mu * mu if nesterov else mu
-    # the momentum torch orthogonalises, less the fresh gradient's share; before a layer's first step the proxy's update
-    if all(buf is not None for buf in bufs):
-        point = torch.stack(bufs).float().mul_(carry)
+    momentum = [None if buf is None else carry * buf.float() for buf in bufs]  # the share U keeps as g → 0
+    # the frozen map's reference: the momentum's share, or before the first step the proxy's update
+    ref = torch.stack([coef * g.float() if m is None else m for g, m in zip(gbar, momentum)])
+    if step is not None and batch_rows:
+        kept = torch.stack([torch.zeros_like(g, dtype=torch.float32) if m is None else m for g, m in zip(gbar, momentum)])
+        points = step.mean_gradients(batch_rows, draws).float().mul_(coef).add_(kept)
     else:
-        point = torch.stack([coef * g.float() if buf is None else carry * buf.float() for g, buf in zip(gbar, bufs)])
+        points = ref[None]
     ns = NewtonSchulz(tuple(group["ns_coefficients"]), group["ns_steps"], group["eps"])
-    L, norm, tall = newton_schulz_left_factor(point, ns.coefficients, ns.steps, ns.eps)
+    L, norm, tall = newton_schulz_left_factor(ref, ns.coefficients, ns.steps, ns.eps)
     lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
-    return MuonMap(lr * coef / norm, L, tall, point, lr * coef, ns)
+    return MuonMap(lr * coef / norm, L, tall, points, lr * coef, ns)
 
 
 def _sgd_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> ScalarMap:
@@ -345,8 +372,9 @@ class Resolver(Protocol):
         """Parameters may share one stacked map only if their keys are equal."""
         ...
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
-        """The map of ``params`` (``gbar`` [L, *shape], the proxy gradients, stand in for missing state)."""
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
+        """The map of ``params`` (``gbar`` [L, *shape], the proxy gradients, stand in for missing state;
+        ``step`` draws the step's batch gradient from the candidates, for maps that depend on it)."""
         ...
 
 
@@ -357,16 +385,25 @@ class OptimizerPreconditioner:
         optimizer: SGD, AdamW, Muon or the Muon+AdamW composite; anything else is an error.
         adamw_map: AdamW's second moment in the map: ``"frozen"`` (the derivative of torch's step at
             g → 0) or ``"proxy_in_v"`` (the proxy gradient's share put into v); see :class:`DiagonalMap`.
+        muon_batch: rows the next step averages (K × accumulation): Muon's derivative is evaluated at
+            the momentum plus ``muon_draws`` draws of such a batch from the candidates (None: at the
+            momentum alone); see :class:`MuonMap`.
+        muon_draws: M, the batches drawn (M vector–Jacobian products per Muon matrix).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer, adamw_map: AdamWMap = "frozen") -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, adamw_map: AdamWMap = "frozen", muon_batch: int | None = None, muon_draws: int = 8
+    ) -> None:
+        if muon_batch is not None and muon_batch < 1 or muon_draws < 1:
+            raise ValueError(f"muon_batch must be ≥ 1 or None and muon_draws ≥ 1, got {muon_batch} and {muon_draws}")
         if adamw_map not in ("frozen", "proxy_in_v"):
             raise ValueError(f"unknown adamw_map {adamw_map!r}; choose 'frozen' or 'proxy_in_v'")
         inner = optimizer.optimizers if isinstance(optimizer, MuonWithAdamW) else (optimizer,)
         for opt in inner:
             if type(opt) not in _MAPS:
                 raise TypeError(f"no ghost preconditioner for {type(opt).__name__}; supported: {SUPPORTED}")
-        self._maps = {**_MAPS, torch.optim.AdamW: partial(_adamw_map, variant=adamw_map)}
+        self._maps = {**_MAPS, torch.optim.AdamW: partial(_adamw_map, variant=adamw_map),
+                      torch.optim.Muon: partial(_muon_map, batch_rows=muon_batch, draws=muon_draws)}
         self._where: dict[int, tuple[torch.optim.Optimizer, dict]] = {
             id(p): (opt, g) for opt in inner for g in opt.param_groups for p in g["params"]
         }
@@ -375,11 +412,13 @@ class OptimizerPreconditioner:
         """The parameter's optimizer group: one set of hyperparameters."""
         return id(self._locate(param)[1])
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
-        """The stacked map for ``params`` (one optimizer group), ``gbar`` [L, *shape]."""
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
+        """The stacked map for ``params`` (one optimizer group), ``gbar`` [L, *shape]; ``step`` reaches Muon only."""
         opt, group = self._locate(params[0])
         if any(self._locate(p)[1] is not group for p in params[1:]):
             raise ValueError("stacked parameters must share one optimizer group (see group_key)")
+        if type(opt) is torch.optim.Muon:
+            return self._maps[type(opt)](opt, group, params, gbar, step)
         return self._maps[type(opt)](opt, group, params, gbar)
 
     def _locate(self, param: torch.nn.Parameter) -> tuple[torch.optim.Optimizer, dict]:
@@ -397,7 +436,7 @@ class IdentityPreconditioner:
     def group_key(self, param: torch.nn.Parameter) -> Hashable:
         return None
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
         return ScalarMap(self.c)
 
 
@@ -418,5 +457,5 @@ class SGDStepPreconditioner:
             raise KeyError("a scored parameter is not in the optimizer")
         return None
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
         return ScalarMap(per_layer([self._lr[id(p)] / self.batch for p in params], gbar.device))
