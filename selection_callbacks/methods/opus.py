@@ -45,7 +45,8 @@ class OPUSSelection(GhostSelection):
         muon_point: where Muon's Newton–Schulz derivative is evaluated: ``"batch"`` (the momentum plus
             the share of a batch of K × accumulation rows drawn from the candidates, averaged over
             ``muon_draws`` draws) or ``"momentum"`` (the momentum alone, the fresh gradient's share → 0).
-        muon_draws: batches drawn for ``muon_point="batch"`` (one vector–Jacobian product each per matrix).
+        muon_draws: batches drawn for ``muon_point="batch"`` (one vector–Jacobian product each per matrix:
+            on CPU the Muon utilities then cost several times the frozen map's; ``bench.ghost --maps``).
         **kwargs: :class:`GhostSelection` arguments (``score_len``, ``sketch_dim``,
             ``proxy_batch_size``, ``proxy``, ``include_embedding``, ``seed``, ...).
     """

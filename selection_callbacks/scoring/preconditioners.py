@@ -179,7 +179,8 @@ class NewtonSchulz:
 
     The same steps as ``torch.optim._muon._zeropower_via_newtonschulz``: X₀ = x/max(‖x‖_F, eps) in
     the wide orientation (xᵀ where m > n), then ``steps`` times A = XXᵀ, X ← aX + (bA + cA²)X, the
-    result transposed back. Torch iterates in bfloat16; this copy stays in float32.
+    result transposed back. Torch iterates in bfloat16; this copy stays in float32. Its VJP costs
+    about three forward passes, each 5·(2d²n + d³) for d×n matrices (d ≤ n), per evaluation point.
     """
 
     coefficients: tuple[float, float, float]
@@ -197,7 +198,7 @@ class NewtonSchulz:
         return X.mT if tall else X
 
     def vjp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """(∂NS/∂x)ᵀ v at x, by reverse mode through the iteration; x, v [L, m, n] → [L, m, n] float32."""
+        """(∂NS/∂x)ᵀ v at x, by reverse mode through the iteration; x, v [..., m, n] → [..., m, n] float32."""
         with torch.enable_grad():
             x = x.detach().float().requires_grad_(True)
             return torch.autograd.grad(self(x), x, v.float())[0]
@@ -209,23 +210,22 @@ class MuonMap:
     Torch's Muon at the next step updates buf' = μ·buf + (1−μ)·g and orthogonalises
     U(g) = μ²·buf + (1−μ²)·g with Nesterov (U = buf' without: μ·buf + (1−μ)·g), then moves
     θ by −lr_adj·NS(U) (decoupled decay apart, which does not depend on g). So
-    J = −lr_adj·coef·∂NS/∂U, coef = 1 − μ² (1 − μ), and ``utility_vector`` is
+    J = −lr_adj·coef·∂NS/∂U with coef = 1 − μ² (Nesterov) or 1 − μ, and ``utility_vector`` is
     lr_adj·coef·(∂NS/∂U)ᵀ ḡ averaged over the evaluation points ``points`` [M, L, m, n]:
 
-    - with the step's batch (``_muon_map`` given draws): U = μ²·buf + coef·ḡ_S for M draws ḡ_S of
+    - with the step's batch (``_muon_map`` given draws): U = U(0) + coef·ḡ_S for M draws ḡ_S of
       the batch's mean gradient, the momentum torch will orthogonalise on a batch like the
       candidates (NS is steep along small singular values, so the batch's own share moves J);
-    - without: U(0) = μ²·buf, the momentum with the fresh gradient's share taken to zero (M = 1).
+    - without: U(0) = μ²·buf (μ·buf), the fresh gradient's share taken to zero (M = 1).
 
     At a layer's first step the momentum is zero (U = coef·ḡ_S, or coef·ḡ without draws: the
     update torch would take on the proxy gradient, since NS has no derivative at 0).
 
     ``apply`` and ``token_factors`` are the frozen map the sketches use: the Newton–Schulz steps
     X ← aX + (bA + cA²)X, A = XXᵀ, started at X₀ = ū/‖ū‖_F (ū = U(0), or coef·ḡ at the first
-    step) in the wide orientation,
-    each multiply X on the left by a polynomial of X₀X₀ᵀ; their product L is symmetric and
-    NS(ū) = L X₀. Holding L fixed, coef·g maps to lr_adj·coef/‖ū‖_F · L g (``scale`` [L] or a
-    number, ``L`` [L, d, d]).
+    step) in the wide orientation, each multiply X on the left by a polynomial of X₀X₀ᵀ; their
+    product L is symmetric and NS(ū) = L X₀. Holding L fixed, coef·g maps to
+    lr_adj·coef/‖ū‖_F · L g (``scale`` [L] or a number, ``L`` [L, d, d]).
     """
 
     exact_factors = True
@@ -394,7 +394,7 @@ class OptimizerPreconditioner:
     def __init__(
         self, optimizer: torch.optim.Optimizer, adamw_map: AdamWMap = "frozen", muon_batch: int | None = None, muon_draws: int = 8
     ) -> None:
-        if muon_batch is not None and muon_batch < 1 or muon_draws < 1:
+        if (muon_batch is not None and muon_batch < 1) or muon_draws < 1:
             raise ValueError(f"muon_batch must be ≥ 1 or None and muon_draws ≥ 1, got {muon_batch} and {muon_draws}")
         if adamw_map not in ("frozen", "proxy_in_v"):
             raise ValueError(f"unknown adamw_map {adamw_map!r}; choose 'frozen' or 'proxy_in_v'")
