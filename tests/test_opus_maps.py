@@ -261,3 +261,34 @@ def test_first_step_maps_fall_back_to_the_proxy_gradient() -> None:
 def test_unknown_adamw_map_is_refused() -> None:
     with pytest.raises(ValueError, match="adamw_map"):
         OptimizerPreconditioner(make_optimizer(GPT(CFG), "adamw"), "exact")
+
+
+@pytest.mark.parametrize("stack", [False, True])
+def test_muon_batch_point_utilities_match_brute_force(stack: bool) -> None:
+    """The engine's Muon utilities at the batch point: the VJPs at μ²·buf + (1 − μ²)·ḡ_S for the same drawn
+    candidate rows S in every layer, from explicit per-sample gradients."""
+    torch.manual_seed(0)
+    model = GPT(CFG)
+    opt = make_optimizer(model, "muon")
+    gen = torch.Generator().manual_seed(0)
+    for _ in range(3):
+        opt.zero_grad()
+        row_losses(model)(windows(POOL, TRAIN_BATCH, gen)).mean().backward()
+        opt.step()
+    n, rows, draws, seed = 6, 4, 3, 5
+    batch = cat(windows(POOL, n, gen), windows(TARGET, N_PROXY, gen))
+    engine = GhostEngine(model, stack_layers=stack)
+    got = engine.score(row_losses(model), batch, n, OptimizerPreconditioner(opt, muon_batch=rows, muon_draws=draws), seed)
+    G = per_sample_grads(model, batch)
+    draw = torch.Generator().manual_seed(seed)
+    subsets = [torch.randperm(n, generator=draw)[:rows] for _ in range(draws)]
+    coef = 1 - MUON_MU**2
+    for name, p in model.named_parameters():
+        layer = name.removesuffix(".weight")
+        if layer not in got.layer_utilities:
+            continue
+        points = torch.stack([MUON_MU**2 * opt.state[p]["momentum_buffer"] + coef * G[name][S].mean(0) for S in subsets])
+        gbar = G[name][n:].mean(0)
+        q = _adjust_lr(MUON_LR, None, p.shape) * coef * NS.vjp(points, gbar.expand_as(points)).mean(0)
+        want = (G[name][:n] * q).flatten(1).sum(1)
+        torch.testing.assert_close(got.layer_utilities[layer], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
