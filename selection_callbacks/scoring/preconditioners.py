@@ -240,8 +240,10 @@ class MuonMap:
         return lead(self.scale, g.ndim) * Lg
 
     def utility_vector(self, gbar: torch.Tensor) -> torch.Tensor:
-        """lr_adj·coef·mean_U (∂NS/∂U)ᵀ ḡ over U in ``points``, [L, m, n]."""
-        return lead(self.step, gbar.ndim) * self.ns.vjp(self.points, gbar.expand_as(self.points)).mean(0)
+        """lr_adj·coef·mean_U (∂NS/∂U)ᵀ ḡ over U in ``points``, [L, m, n] (one point at a time: the
+        iteration's intermediates are held for one, not M)."""
+        vjp = sum(self.ns.vjp(point, gbar) for point in self.points) / self.points.shape[0]
+        return lead(self.step, gbar.ndim) * vjp
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.tall:
