@@ -10,6 +10,10 @@ its own subprocess so peak RSS only rises within it:
   preconditioner, utilities and the same hash family applied to the materialised P G_i;
 - ``naive_full``: the same with all N per-sample gradients at once (no chunking): memory ∝ N;
 - ``floor``: one plain forward + backward over the same tokens (parameter ``.grad``).
+With ``--maps`` the engine is also timed with its other utility maps: ``engine_adamw_proxy_in_v``
+(AdamW with ḡ² in v), and on a Muon + AdamW optimizer ``engine_muon`` (Newton–Schulz VJPs at 8
+draws of a K = N/2 row batch), ``engine_muon_momentum`` (one VJP at the momentum) and
+``engine_muon_frozen`` (utilities through the frozen Newton–Schulz map, the maps before the VJP).
 On CPU, memory is the peak RSS increase of the first call over the state right before it (the
 kernel's high-water mark reset through /proc/self/clear_refs; glibc's mmap threshold fixed so
 freed tensors leave RSS); time, measured in a second process with the default allocator, is the
@@ -43,7 +47,7 @@ from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine, scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
+from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner, Preconditioner
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 
 PROXY = 8
@@ -66,7 +70,8 @@ def setup(args: argparse.Namespace):
     torch.manual_seed(0)
     cfg = GPTConfig(vocab_size=320, block_size=args.score_len, n_layer=args.layers, n_head=args.width // 64, n_embd=args.width)
     model = GPT(cfg).to(args.device)
-    opt = build_optimizer(model, "adamw", 3e-3, 0.1, (0.9, 0.95), 0.02, 0.95, 0.0)
+    optimizer = "muon" if (getattr(args, "child", None) or "").startswith("engine_muon") else "adamw"
+    opt = build_optimizer(model, optimizer, 3e-3, 0.1, (0.9, 0.95), 0.02, 0.95, 0.0)
     for _ in range(2):  # real optimizer state from small batches (keeps the setup's memory peak low)
         ids = torch.randint(0, 256, (2, args.score_len + 1), device=args.device)
         opt.zero_grad()
@@ -80,6 +85,39 @@ def setup(args: argparse.Namespace):
 def prepare_engine(model, opt, rows, args) -> Callable[[], None]:
     engine = GhostEngine(model, sketch_dim=args.sketch_dim, sketch="tensor", candidate_chunk=args.engine_chunk or None)
     return lambda: engine.score(row_losses(model), rows, args.n, OptimizerPreconditioner(opt))
+
+
+class FrozenUtilities:
+    """The optimizer's maps with utilities ⟨P G_i, ḡ⟩ through the frozen map P (the maps before the VJP)."""
+
+    def __init__(self, opt: torch.optim.Optimizer) -> None:
+        self.resolve = OptimizerPreconditioner(opt, "proxy_in_v")
+
+    def group_key(self, param: torch.nn.Parameter):
+        return self.resolve.group_key(param)
+
+    def __call__(self, params, gbar: torch.Tensor, step=None) -> Preconditioner:
+        pre = self.resolve(params, gbar)
+        pre.utility_vector = pre.apply
+        return pre
+
+
+def prepare_engine_with(resolver: Callable) -> Callable:
+    """``prepare_engine`` with the resolver ``resolver(opt, args)``."""
+
+    def prepare(model, opt, rows, args) -> Callable[[], None]:
+        engine = GhostEngine(model, sketch_dim=args.sketch_dim, sketch="tensor", candidate_chunk=args.engine_chunk or None)
+        return lambda: engine.score(row_losses(model), rows, args.n, resolver(opt, args))
+
+    return prepare
+
+
+MAP_VARIANTS = {
+    "engine_adamw_proxy_in_v": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, "proxy_in_v")),
+    "engine_muon": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2)),
+    "engine_muon_momentum": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt)),
+    "engine_muon_frozen": prepare_engine_with(lambda opt, args: FrozenUtilities(opt)),
+}
 
 
 def per_sample_weight_grads(model) -> tuple[list[str], Callable]:
@@ -142,7 +180,8 @@ def prepare_floor(model, opt, rows, args) -> Callable[[], None]:
     return run
 
 
-VARIANTS = {"engine": prepare_engine, "naive": prepare_naive, "naive_full": prepare_naive_full, "floor": prepare_floor}
+BASE_VARIANTS = {"engine": prepare_engine, "naive": prepare_naive, "naive_full": prepare_naive_full, "floor": prepare_floor}
+VARIANTS = BASE_VARIANTS | MAP_VARIANTS
 
 
 def _autocast(args: argparse.Namespace):
@@ -220,6 +259,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--threads", type=int, default=2, help="torch threads of each timing process")
     p.add_argument("--device", choices=["cpu", "cuda"], default="cpu", help="where the model and the scoring run")
     p.add_argument("--dtype", choices=["bf16", "fp32"], default="bf16", help="autocast dtype on cuda")
+    p.add_argument("--maps", action="store_true", help="also time the engine with the other utility maps (AdamW ḡ² in v, Muon)")
     p.add_argument("--child", choices=list(VARIANTS), help="internal: time this one variant here and print its JSON")
     p.add_argument("--n", type=int, default=64, help="internal: the child's candidate count (CPU; CUDA covers --ns)")
     return p
@@ -233,6 +273,7 @@ def main(argv: list[str] | None = None) -> dict:
         return {}
     table = []
     root = Path(__file__).resolve().parents[1]
+    variants = list(VARIANTS if args.maps else BASE_VARIANTS)
 
     def child_run(variant: str, n: int | None, env: dict | None = None):
         cmd = [sys.executable, "-m", "bench.ghost", "--child", variant, "--n", str(n or 0), "--ns", args.ns]
@@ -242,10 +283,10 @@ def main(argv: list[str] | None = None) -> dict:
         return json.loads(done.stdout.splitlines()[-1])
 
     if args.device == "cuda":  # one process per variant and round, covering every N
-        rounds = [{v: child_run(v, None) for v in VARIANTS} for _ in range(args.rounds)]
+        rounds = [{v: child_run(v, None) for v in variants} for _ in range(args.rounds)]
         for i, n in enumerate(ns):
             row = {"n": n, "params": rounds[0]["floor"][i]["params"]}
-            for variant in VARIANTS:
+            for variant in variants:
                 results = [r[variant][i] for r in rounds]
                 row[f"{variant}_seconds"] = statistics.median(r["seconds"] for r in results)
                 row[f"{variant}_rounds"] = [r["seconds"] for r in results]
@@ -260,9 +301,9 @@ def main(argv: list[str] | None = None) -> dict:
         # over rounds, so a slow spell on a shared machine hits every variant alike. Memory (CPU): one
         # more process per variant whose fixed mmap threshold returns freed tensors to the OS, so RSS
         # tracks live memory (that setting would slow the timed runs); on CUDA the first round's peak.
-        runs: dict[str, list[dict]] = {v: [] for v in VARIANTS}
+        runs: dict[str, list[dict]] = {v: [] for v in variants}
         for _ in range(args.rounds):
-            for variant in VARIANTS:
+            for variant in variants:
                 runs[variant].append(child_run(variant, n))
         row: dict = {"n": n, "params": runs["floor"][0]["params"]}
         for variant, results in runs.items():

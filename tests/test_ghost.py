@@ -67,7 +67,7 @@ def per_sample_grads(model, batch) -> dict[str, torch.Tensor]:
 
 
 def brute_force(model, batch, resolver, layers, n=N_CAND):
-    """u_i = Σ ⟨P G_i, ḡ⟩, K_ij = Σ ⟨P G_i, P G_j⟩ from explicit per-sample gradients."""
+    """u_i = Σ ⟨G_i, −Jᵀḡ⟩ (the maps' utility vectors), K_ij = Σ ⟨P G_i, P G_j⟩ from explicit per-sample gradients."""
     G = per_sample_grads(model, batch)
     params = dict(model.named_parameters())
     u, gram = torch.zeros(n), torch.zeros(n, n)
@@ -79,7 +79,7 @@ def brute_force(model, batch, resolver, layers, n=N_CAND):
             gbar = G[full][n:].mean(0)
             P = resolver([params[full]], gbar[None])
             PG = P.apply(G[full][None, :n])[0]
-            u += (PG * gbar).flatten(1).sum(1)
+            u += (G[full][:n] * P.utility_vector(gbar[None])[0]).flatten(1).sum(1)
             gram += PG.flatten(1) @ PG.flatten(1).T
     return u, gram
 

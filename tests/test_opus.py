@@ -159,8 +159,9 @@ def test_opus_scores_only_the_named_layers(tiny_corpus) -> None:
 
 
 def test_opus_candidate_chunks_keep_the_selections(tiny_corpus) -> None:
-    """Scoring candidates in chunks (flat memory) selects what one pass selects."""
-    one, chunked = (OPUSSelection(ratio=0.5, score_len=16, sketch_dim=64, candidate_chunk=c) for c in (None, 3))
+    """Scoring candidates in chunks (flat memory) selects what one pass selects (Muon's derivative at the
+    momentum: at the default batch point the step's batch is drawn from the first chunk's candidates)."""
+    one, chunked = (OPUSSelection(ratio=0.5, score_len=16, sketch_dim=64, candidate_chunk=c, muon_point="momentum") for c in (None, 3))
     _fit(tiny_corpus, one, steps=3, optimizer="muon")
     _fit(tiny_corpus, chunked, steps=3, optimizer="muon")
     assert chunked.engine.candidate_chunk == 3

@@ -2,7 +2,7 @@
 
 from __future__ import annotations
 
-from typing import Any
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -11,15 +11,17 @@ from typing_extensions import override
 from selection_callbacks.core.selection import Scores
 from selection_callbacks.scoring.ghost import Resolver
 from selection_callbacks.callbacks.ghost import GhostSelection
-from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
+from selection_callbacks.scoring.preconditioners import AdamWMap, OptimizerPreconditioner
 
 
 class OPUSSelection(GhostSelection):
     """Select by alignment of each candidate's optimizer-induced update with a proxy direction.
 
-    Utility u_i = Σ_l ⟨P_l G_i, ḡ_proxy⟩ with P_l the live optimizer's frozen one-step map
-    (AdamW, Muon or both, auto-detected; SGD gives GREATS' geometry) and redundancy
-    I_ij ∝ ⟨P G_i, P G_j⟩/K from sketches. Calibration makes τ and γ scale-free: utilities are
+    Utility u_i = Σ_l ⟨G_i, −J_lᵀ ḡ_proxy⟩, the first-order decrease of the proxy loss through the
+    live optimizer's next step, J_l its derivative in the fresh gradient (AdamW at frozen moments,
+    Muon through the exact vector–Jacobian product of its Newton–Schulz iteration, or both,
+    auto-detected; SGD gives GREATS' geometry), and redundancy I_ij ∝ ⟨P G_i, P G_j⟩/K from
+    sketches of the frozen maps P. Calibration makes τ and γ scale-free: utilities are
     standardised within the superbatch (û = (u − ū)/σ_u) and the interaction is the sketch
     inner product over the mean squared sketch norm, so
     I_ij = γ·⟨S_i, S_j⟩ / (K · mean_i ‖S_i‖²): a candidate as similar (at norm level) to every
@@ -38,21 +40,43 @@ class OPUSSelection(GhostSelection):
         temperature: τ in standard deviations of utility (0: greedy).
         redundancy_weight: γ (0: no interaction term, and no sketches are built since nothing reads them).
             ``sketch_dim=0`` also turns the term off: there are no sketches to build it from.
+        adamw_map: AdamW's second moment in the map: ``"frozen"`` (torch's v, the derivative at g → 0)
+            or ``"proxy_in_v"`` (the proxy gradient's share put into v at every step).
+        muon_point: where Muon's Newton–Schulz derivative is evaluated: ``"batch"`` (the momentum plus
+            the share of a batch of K × accumulation rows drawn from the candidates, averaged over
+            ``muon_draws`` draws) or ``"momentum"`` (the momentum alone, the fresh gradient's share → 0).
+        muon_draws: batches drawn for ``muon_point="batch"`` (one vector–Jacobian product each per matrix:
+            on CPU the Muon utilities then cost several times the frozen map's; ``bench.ghost --maps``).
         **kwargs: :class:`GhostSelection` arguments (``score_len``, ``sketch_dim``,
             ``proxy_batch_size``, ``proxy``, ``include_embedding``, ``seed``, ...).
     """
 
-    def __init__(self, ratio: float = 0.5, temperature: float = 0.25, redundancy_weight: float = 1.0, **kwargs: Any) -> None:
+    def __init__(
+        self,
+        ratio: float = 0.5,
+        temperature: float = 0.25,
+        redundancy_weight: float = 1.0,
+        adamw_map: AdamWMap = "frozen",
+        muon_point: Literal["batch", "momentum"] = "batch",
+        muon_draws: int = 8,
+        **kwargs: Any,
+    ) -> None:
+        if adamw_map not in ("frozen", "proxy_in_v"):
+            raise ValueError(f"unknown adamw_map {adamw_map!r}; choose 'frozen' or 'proxy_in_v'")
+        if muon_point not in ("batch", "momentum") or muon_draws < 1:
+            raise ValueError(f"muon_point must be 'batch' or 'momentum' and muon_draws ≥ 1, got {muon_point!r}, {muon_draws}")
         if redundancy_weight < 0:
             raise ValueError(f"redundancy_weight must be ≥ 0, got {redundancy_weight}")
         if redundancy_weight == 0:  # nothing would read the sketches
             kwargs["sketch_dim"] = 0
         super().__init__(ratio=ratio, temperature=temperature, **kwargs)
-        self.redundancy_weight = redundancy_weight
+        self.redundancy_weight, self.adamw_map = redundancy_weight, adamw_map
+        self.muon_point, self.muon_draws = muon_point, muon_draws
 
     @override
     def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
-        return OptimizerPreconditioner(trainer.optimizers[0])
+        batch = k * trainer.accumulate_grad_batches if self.muon_point == "batch" else None
+        return OptimizerPreconditioner(trainer.optimizers[0], self.adamw_map, batch, self.muon_draws)
 
     @override
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:

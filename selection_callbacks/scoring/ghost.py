@@ -12,8 +12,10 @@ accelerator, layers of one shape and one optimizer group are stacked and scored 
 group's last gradient arrives (one kernel per group rather than per layer: a GPU is launch-bound at
 these sizes); on a CPU each layer is scored alone (stacking only copies there). Per layer:
 
-- proxy direction ḡ = (1/P) Σ_p G_p, preconditioned Q = P ḡ (P self-adjoint, see preconditioners);
-- exact utilities u_i = ⟨P G_i, ḡ⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
+- proxy direction ḡ = (1/P) Σ_p G_p and the utility vector Q = −Jᵀḡ of the step's derivative J
+  (``Preconditioner.utility_vector``; Q = P ḡ for the self-adjoint SGD and AdamW maps; Muon's J
+  may be evaluated at draws of the step's batch from the pass's candidates, :class:`CandidateDraws`);
+- exact utilities u_i = ⟨G_i, Q⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
 - optional m-dimensional sketches S_i with E⟨S_i, S_j⟩ = ⟨P G_i, P G_j⟩, summed over layers (a tensor
   sketch gives each layer its own block of bins, in proportion to its size: its cost is linear in the block);
 - optional squared norms ‖P G_i‖², by the T² Gram form where 2T² ≤ d_in·d_out, else materialised.
@@ -41,7 +43,7 @@ class GhostScores:
     """What one scoring pass returns (candidates only; tensors on the model's device).
 
     Attributes:
-        utilities: [N] Σ_layers ⟨P G_i, ḡ⟩.
+        utilities: [N] Σ_layers ⟨G_i, −Jᵀḡ⟩ (= ⟨P G_i, ḡ⟩ for self-adjoint maps).
         layer_utilities: layer name → [N].
         losses: [R] per-row losses (candidates then proxy).
         sketches: [N, m] or None.
@@ -107,6 +109,8 @@ class GhostEngine:
         candidate_chunk: score candidates in forward/backward passes of at most this many rows
             (the proxy rows ride with the first), so activation memory stays flat in N (None: one
             pass over all rows, the fastest for small N). Rows must not interact (no batch norm).
+            Scores equal one pass's, except where a map draws the step's batch (Muon's batch point):
+            it draws from the first chunk's candidates.
         stack_layers: score same-shaped layers of one optimizer group as one stack (None: on
             accelerators, not on CPU, where it copies the captures and saves no launches).
     """
@@ -288,7 +292,7 @@ class GhostEngine:
         del inputs, grads
         maps = state.maps.get(names)
         if maps is None:  # the pass carrying the proxy rows fixes the group's maps
-            maps = state.maps[names] = self._linear_maps(modules, B[:, N:], A[:, N:], state)
+            maps = state.maps[names] = self._linear_maps(modules, B, A, state)
         if N == 0:
             return
         B, A = B[:, :N], A[:, :N]
@@ -296,8 +300,10 @@ class GhostEngine:
         u = (rows_matmul(B, maps.Q).mul_(A) if A.shape[-1] <= B.shape[-1] else rows_matmul(A, maps.Q.mT).mul_(B)).sum((2, 3))
         bias_pg = None
         if maps.bias_pre is not None:  # G_bias = Σ_t b_t
-            bias_pg = maps.bias_pre.apply(B.sum(2))  # [L, N, d_out]
-            u = u + (bias_pg * maps.gbar_bias[:, None, :]).sum(-1)
+            g_bias = B.sum(2)  # [L, N, d_out]
+            u = u + (g_bias * maps.Q_bias[:, None, :]).sum(-1)
+            if self.sketch_dim or self.norms:
+                bias_pg = maps.bias_pre.apply(g_bias)
         state.utilities.update(zip(names, u.unbind(0)))
         if self.sketch_dim:
             state.add_sketch(self._sketch_linear(names, maps.pre, B, A, state))
@@ -309,13 +315,16 @@ class GhostEngine:
             state.add_norm(sq if bias_pg is None else sq + bias_pg.pow(2).sum((0, 2)))
 
     def _linear_maps(self, modules: list[nn.Module], B: torch.Tensor, A: torch.Tensor, state: "_PassState") -> "_LayerMaps":
-        """P and Q = P ḡ of stacked linear layers from the proxy rows' B [L, P, T, d_out], A [L, P, T, d_in]."""
-        gbar = (B.flatten(1, 2).mT @ A.flatten(1, 2)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P, [L, d_out, d_in]
-        pre = state.resolve([m.weight for m in modules], gbar)
-        maps = _LayerMaps(pre, pre.apply(gbar))
+        """P and Q = −Jᵀḡ of stacked linear layers from the pass's B [L, n + P, T, d_out], A [L, n + P, T, d_in]
+        (the proxy rows fix ḡ; the n candidates stand in for the step's batch where a map asks for it)."""
+        n = state.n
+        gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P, [L, d_out, d_in]
+        pre = state.resolve([m.weight for m in modules], gbar, CandidateDraws(B[:, :n], A[:, :n], state.seed))
+        maps = _LayerMaps(pre, pre.utility_vector(gbar))
         if modules[0].bias is not None:
-            maps.gbar_bias = B.sum(2).mean(1)
-            maps.bias_pre = state.resolve([m.bias for m in modules], maps.gbar_bias)
+            gbar_bias = B[:, n:].sum(2).mean(1)
+            maps.bias_pre = state.resolve([m.bias for m in modules], gbar_bias)
+            maps.Q_bias = maps.bias_pre.utility_vector(gbar_bias)
         if self.sketch_dim and self.sketch != "count" and isinstance(pre, DiagonalMap):
             maps.factor_error = pre.factor_error
         return maps
@@ -363,7 +372,7 @@ class GhostEngine:
             pre = state.resolve([module.weight], gbar[None])
             if not isinstance(pre, (DiagonalMap, ScalarMap)):
                 raise TypeError(f"embedding {name!r} is preconditioned by {type(pre).__name__}; only elementwise maps apply")
-            maps = state.maps[(name,)] = _LayerMaps(pre, pre.apply(gbar[None])[0])
+            maps = state.maps[(name,)] = _LayerMaps(pre, pre.utility_vector(gbar[None])[0])
         if N == 0:
             return
         ids, B, pre = ids[:N], B[:N], maps.pre
@@ -389,15 +398,36 @@ class GhostEngine:
             )
 
 
+class CandidateDraws:
+    """Mean gradients of random candidate subsets of stacked linear layers, B [L, n, T, d_out], A [L, n, T, d_in].
+
+    The generator restarts at ``seed`` on every call, so every layer of a scoring call draws the same rows.
+    """
+
+    def __init__(self, B: torch.Tensor, A: torch.Tensor, seed: int) -> None:
+        self.B, self.A, self.seed = B, A, seed
+
+    def mean_gradients(self, rows: int, draws: int) -> torch.Tensor:
+        """[draws, L, d_out, d_in]: Σ_{r∈S} Σ_t b aᵀ / rows for ``draws`` random row sets S."""
+        n = self.B.shape[1]
+        gen = torch.Generator().manual_seed(self.seed)
+        out = []
+        for _ in range(draws):
+            rows_s = torch.randperm(n, generator=gen)[:rows] if rows <= n else torch.randint(n, (rows,), generator=gen)
+            rows_s = rows_s.to(self.B.device)
+            out.append(self.B[:, rows_s].flatten(1, 2).mT @ self.A[:, rows_s].flatten(1, 2))
+        return torch.stack(out).div_(rows)
+
+
 @dataclass
 class _LayerMaps:
-    """What the proxy rows fix for a group of L stacked layers: the map P, Q = P ḡ [L, ...], the bias
-    terms, AdamW's factor error [L]."""
+    """What the proxy rows fix for a group of L stacked layers: the map P, the utility vector
+    Q = −Jᵀḡ [L, ...], the bias terms, AdamW's factor error [L]."""
 
     pre: Preconditioner
     Q: torch.Tensor
     bias_pre: Preconditioner | None = None
-    gbar_bias: torch.Tensor | None = None
+    Q_bias: torch.Tensor | None = None
     factor_error: torch.Tensor | None = None
 
 

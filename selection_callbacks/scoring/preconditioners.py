@@ -1,8 +1,12 @@
-"""Frozen-operator surrogates P of one optimizer step, read from the live optimizer.
+"""Linear surrogates of one optimizer step, read from the live optimizer.
 
-The update a fresh gradient g causes is Δθ = −P g (to first order, optimizer state held fixed);
-OPUS/GREATS utilities are ⟨P G_i, ḡ⟩. Every map here is self-adjoint, so ⟨P G, ḡ⟩ = ⟨G, P ḡ⟩
-and ``apply`` serves both sides. ``token_factors`` maps one rank-1 token term b aᵀ to
+Write the step torch takes on a fresh gradient g as Δθ(g). A candidate's utility is the first-order
+decrease of the proxy loss its gradient causes through that step, u_i = −⟨J G_i, ḡ⟩ = ⟨G_i, −Jᵀḡ⟩ with
+J = ∂Δθ/∂g at the map's stated evaluation point: ``utility_vector(ḡ)`` = −Jᵀḡ. The redundancy
+sketches use a frozen map P (Δθ ≈ −P g with the optimizer's state held fixed) through ``apply`` and
+``token_factors``; for SGD and AdamW P = −J (diagonal, self-adjoint); for Muon P is Newton–Schulz
+frozen at the reference update, and ``utility_vector`` is the exact vector–Jacobian product of the
+iteration instead. ``token_factors`` maps one rank-1 token term b aᵀ to
 P(b aᵀ) = b' a'ᵀ (exact for scalar and Muon maps; for AdamW only after the rank-1
 factorisation D ≈ r cᵀ, whose relative error ``factor_error`` reports).
 
@@ -15,7 +19,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from typing import Protocol
+from dataclasses import dataclass
+from functools import partial
+from typing import Literal, Protocol
 
 import torch
 from torch.optim._muon import _adjust_lr
@@ -32,8 +38,21 @@ class Preconditioner(Protocol):
         """P g for gradients [L, ..., *shape]."""
         ...
 
+    def utility_vector(self, gbar: torch.Tensor) -> torch.Tensor:
+        """−Jᵀ ḡ [L, *shape] for proxy gradients ``gbar`` [L, *shape]: u_i = ⟨G_i, −Jᵀḡ⟩."""
+        ...
+
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(b', a') with P(b aᵀ) = b' a'ᵀ per token; b [L, ..., d_out], a [L, ..., d_in]."""
+        ...
+
+
+class StepDraws(Protocol):
+    """Draws of the mean gradient of the batch the next step will average, from the scored candidates."""
+
+    def mean_gradients(self, rows: int, draws: int) -> torch.Tensor:
+        """[draws, L, *shape]: each the mean gradient of ``rows`` candidate rows drawn at random, the same rows
+        in every layer of one scoring call (without replacement while ``rows`` ≤ the candidates)."""
         ...
 
 
@@ -70,6 +89,9 @@ class ScalarMap:
     def apply(self, g: torch.Tensor) -> torch.Tensor:
         return lead(self.c, g.ndim) * g
 
+    def utility_vector(self, gbar: torch.Tensor) -> torch.Tensor:
+        return self.apply(gbar)
+
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return lead(self.c, b.ndim) * b, a
 
@@ -83,16 +105,23 @@ POWER_ITERATIONS = 2  # the rank-1 error after 2 iterations equals that after 30
 
 
 class DiagonalMap:
-    """P g = C·(D ⊙ g): AdamW with the second moment frozen; D [L, *shape], C a number or [L].
+    """P g = C·(D ⊙ g): AdamW's step linearised in the fresh gradient; D [L, *shape], C a number or [L].
 
-    Torch's AdamW at step s+1 moves θ by −lr/(1−β1^(s+1)) · m/(√v/√(1−β2^(s+1)) + ε); the part
-    linear in the fresh g gives C = lr(1−β1)√(1−β2^(s+1))/(1−β1^(s+1)) and
-    D = 1/(√(β2 v) + ε√(1−β2^(s+1))). Where v has not formed (before the first step, or
-    embedding rows never seen) D would explode; there β2·v is floored at (1−β2)·ḡ², the fresh
-    gradient's own share of the next v estimated by the proxy gradient (at step 0 this makes
-    C·D = lr/(|ḡ| + ε), Adam's first, normalised step), and, for entries the proxy does not
-    touch either, at ``TENSOR_FLOOR`` times the tensor's mean. ``_adamw_map`` stores C/√β2 and √β2·D
-    (the same map, one pass fewer over every weight).
+    Torch's AdamW at step s+1 moves θ by −lr/(1−β1^(s+1)) · m'/(√v'/√(1−β2^(s+1)) + ε) with
+    m' = β1 m + (1−β1) g and v' = β2 v + (1−β2) g². Its derivative at g → 0 (moments frozen,
+    ∂v'/∂g = 0 there) is diagonal: C = lr(1−β1)√(1−β2^(s+1))/(1−β1^(s+1)) and
+    D = 1/(√(β2 v) + ε√(1−β2^(s+1))), P = −J, and ``utility_vector`` is ``apply``. ``_adamw_map``
+    builds D from β2·x, x per the ``adamw_map`` setting:
+
+    - ``"frozen"``: x = v, the derivative at g → 0; a layer whose v has not formed (every entry
+      zero: before its first step) takes the ``"proxy_in_v"`` x instead, where the derivative
+      (lr/ε) would not describe Adam's first, normalised step;
+    - ``"proxy_in_v"``: x = max(v, (1−β2)/β2·ḡ²), the proxy gradient's share of the next v put in
+      at every step (at step 0 this makes C·D = lr/(|ḡ| + ε), Adam's first step on ḡ).
+
+    Either way x is floored at ``TENSOR_FLOOR`` times the layer's mean, for entries no step and no
+    proxy row has touched (embedding rows never seen), where D would otherwise explode. The map
+    stores C/√β2 and √β2·D (the same map, one pass fewer over every weight).
     """
 
     exact_factors = False
@@ -116,6 +145,9 @@ class DiagonalMap:
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
         return (lead(self.D, g.ndim) * g).mul_(lead(self.C, g.ndim))
+
+    def utility_vector(self, gbar: torch.Tensor) -> torch.Tensor:
+        return self.apply(gbar)
 
     def rank1(self) -> tuple[torch.Tensor, torch.Tensor]:
         """Best rank-1 r cᵀ ≈ D per layer (power iteration on the positive matrices): r [L, d_out], c [L, d_in]."""
@@ -141,25 +173,77 @@ class DiagonalMap:
         return lead(self.C, 2) * r, c
 
 
-class MuonMap:
-    """P G = s·M G (wide/square weights) or s·G M (tall), Muon's update frozen at the reference ū.
+@dataclass(frozen=True)
+class NewtonSchulz:
+    """Torch's Muon orthogonalisation NS(x) as an out-of-place float32 function of stacks [L, m, n].
 
-    The Newton–Schulz steps X ← aX + (bA + cA²)X, A = XXᵀ, started at X₀ = ū/‖ū‖_F in the wide
-    orientation, each multiply X on the left by a polynomial of X₀X₀ᵀ; their product L is
-    symmetric and NS(ū) = L X₀. Holding L fixed, the fresh gradient's share of the update,
-    coef·g (coef = 1 − μ² with Nesterov, 1 − μ without), maps to lr_adj·coef/‖ū‖_F · L g.
-    ``scale`` is [L] (or a number), ``L`` [L, d, d].
+    The same steps as ``torch.optim._muon._zeropower_via_newtonschulz``: X₀ = x/max(‖x‖_F, eps) in
+    the wide orientation (xᵀ where m > n), then ``steps`` times A = XXᵀ, X ← aX + (bA + cA²)X, the
+    result transposed back. Torch iterates in bfloat16; this copy stays in float32. Its VJP costs
+    about three forward passes, each 5·(2d²n + d³) for d×n matrices (d ≤ n), per evaluation point.
+    """
+
+    coefficients: tuple[float, float, float]
+    steps: int
+    eps: float
+
+    def __call__(self, x: torch.Tensor) -> torch.Tensor:
+        tall = x.shape[-2] > x.shape[-1]
+        X = (x.mT if tall else x).float()
+        X = X / torch.linalg.matrix_norm(X).clamp(min=self.eps)[..., None, None]
+        a, b, c = self.coefficients
+        for _ in range(self.steps):
+            A = X @ X.mT
+            X = a * X + (b * A + c * (A @ A)) @ X
+        return X.mT if tall else X
+
+    def vjp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(∂NS/∂x)ᵀ v at x, by reverse mode through the iteration; x, v [..., m, n] → [..., m, n] float32."""
+        with torch.enable_grad():
+            x = x.detach().float().requires_grad_(True)
+            return torch.autograd.grad(self(x), x, v.float())[0]
+
+
+class MuonMap:
+    """Muon's step: the frozen map P for sketches, and the exact vector–Jacobian product for utilities.
+
+    Torch's Muon at the next step updates buf' = μ·buf + (1−μ)·g and orthogonalises
+    U(g) = μ²·buf + (1−μ²)·g with Nesterov (U = buf' without: μ·buf + (1−μ)·g), then moves
+    θ by −lr_adj·NS(U) (decoupled decay apart, which does not depend on g). So
+    J = −lr_adj·coef·∂NS/∂U with coef = 1 − μ² (Nesterov) or 1 − μ, and ``utility_vector`` is
+    lr_adj·coef·(∂NS/∂U)ᵀ ḡ averaged over the evaluation points ``points`` [M, L, m, n]:
+
+    - with the step's batch (``_muon_map`` given draws): U = U(0) + coef·ḡ_S for M draws ḡ_S of
+      the batch's mean gradient, the momentum torch will orthogonalise on a batch like the
+      candidates (NS is steep along small singular values, so the batch's own share moves J);
+    - without: U(0) = μ²·buf (μ·buf), the fresh gradient's share taken to zero (M = 1).
+
+    At a layer's first step the momentum is zero (U = coef·ḡ_S, or coef·ḡ without draws: the
+    update torch would take on the proxy gradient, since NS has no derivative at 0).
+
+    ``apply`` and ``token_factors`` are the frozen map the sketches use: the Newton–Schulz steps
+    X ← aX + (bA + cA²)X, A = XXᵀ, started at X₀ = ū/‖ū‖_F (ū = U(0), or coef·ḡ at the first
+    step) in the wide orientation, each multiply X on the left by a polynomial of X₀X₀ᵀ; their
+    product L is symmetric and NS(ū) = L X₀. Holding L fixed, coef·g maps to
+    lr_adj·coef/‖ū‖_F · L g (``scale`` [L] or a number, ``L`` [L, d, d]).
     """
 
     exact_factors = True
 
-    def __init__(self, scale: Scale, L: torch.Tensor, tall: bool) -> None:
+    def __init__(self, scale: Scale, L: torch.Tensor, tall: bool, points: torch.Tensor, step: Scale, ns: NewtonSchulz) -> None:
         self.scale, self.L, self.tall = scale, L, tall
+        self.points, self.step, self.ns = points, step, ns
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
         # L is symmetric: L g = (gᵀ L)ᵀ
         Lg = rows_matmul(g, self.L) if self.tall else rows_matmul(g.mT, self.L).mT
         return lead(self.scale, g.ndim) * Lg
+
+    def utility_vector(self, gbar: torch.Tensor) -> torch.Tensor:
+        """lr_adj·coef·mean_U (∂NS/∂U)ᵀ ḡ over U in ``points``, [L, m, n] (one point at a time: the
+        iteration's intermediates are held for one, not M)."""
+        vjp = sum(self.ns.vjp(point, gbar) for point in self.points) / self.points.shape[0]
+        return lead(self.step, gbar.ndim) * vjp
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.tall:
@@ -197,7 +281,12 @@ def newton_schulz_left_factor(
     return (L[0], norm[0], tall) if single else (L, norm, tall)
 
 
-def _adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> DiagonalMap:
+AdamWMap = Literal["frozen", "proxy_in_v"]
+
+
+def _adamw_map(
+    opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, variant: AdamWMap = "frozen"
+) -> DiagonalMap:
     if group.get("maximize", False):
         raise ValueError("AdamW with maximize=True is not supported by the ghost preconditioner")
     beta1, beta2 = group["betas"]
@@ -211,9 +300,12 @@ def _adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.n
     if group.get("amsgrad", False) and any("max_exp_avg_sq" in st for st in states):  # zeros where missing: max(0, v) = v
         v = torch.maximum(_stacked_state(states, "max_exp_avg_sq", gbar) / beta2, v)
     bc2 = [1.0 - beta2 ** (s + 1) for s in steps]
-    # β2·x with x = max(v, (1 − β2)/β2·ḡ²): β2·v floored by the fresh gradient's share where v has not formed yet
+    # β2·x with x = max(v, (1 − β2)/β2·ḡ²): the fresh gradient's share of the next v, estimated by the proxy's
     x = gbar.float().square().mul_((1 - beta2) / beta2)
-    torch.maximum(x, v, out=x)
+    if variant == "proxy_in_v":
+        torch.maximum(x, v, out=x)
+    else:  # v itself, the proxy's share only in layers whose v has not formed
+        x = torch.where(lead(v.flatten(1).amax(1) > 0, v.ndim), v, x)
     floor = TENSOR_FLOOR * x.flatten(1).mean(1)  # rows neither trained nor in the proxy
     torch.maximum(x, lead(floor, x.ndim), out=x)
     # 1/(√(β2·x) + ε√bc2) = (1/√β2)·1/(√x + ε√(bc2/β2)): the 1/√β2 joins C (one pass fewer over every weight)
@@ -232,19 +324,31 @@ def _stacked_state(states: list[dict], key: str, like: torch.Tensor) -> torch.Te
     return torch.stack([st[key].float() if key in st else torch.zeros_like(g, dtype=torch.float32) for st, g in zip(states, like)])
 
 
-def _muon_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> MuonMap:
+def _muon_map(
+    opt: torch.optim.Optimizer,
+    group: dict,
+    params: Sequence[torch.nn.Parameter],
+    gbar: torch.Tensor,
+    step: StepDraws | None = None,
+    batch_rows: int | None = None,
+    draws: int = 8,
+) -> MuonMap:
     mu, nesterov = group["momentum"], group["nesterov"]
     bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
     coef = (1 - mu * mu) if nesterov else (1 - mu)
     carry = mu * mu if nesterov else mu
-    # reference update without the candidate: the momentum's share, or before the first step the proxy's
-    if all(buf is not None for buf in bufs):
-        ref = torch.stack(bufs).mul_(carry)
+    momentum = [None if buf is None else carry * buf.float() for buf in bufs]  # the share U keeps as g → 0
+    # the frozen map's reference: the momentum's share, or before the first step the proxy's update
+    ref = torch.stack([coef * g.float() if m is None else m for g, m in zip(gbar, momentum)])
+    if step is not None and batch_rows:
+        kept = torch.stack([torch.zeros_like(g, dtype=torch.float32) if m is None else m for g, m in zip(gbar, momentum)])
+        points = step.mean_gradients(batch_rows, draws).float().mul_(coef).add_(kept)
     else:
-        ref = torch.stack([coef * g if buf is None else carry * buf for g, buf in zip(gbar, bufs)])
-    L, norm, tall = newton_schulz_left_factor(ref, group["ns_coefficients"], group["ns_steps"], group["eps"])
+        points = ref[None]
+    ns = NewtonSchulz(tuple(group["ns_coefficients"]), group["ns_steps"], group["eps"])
+    L, norm, tall = newton_schulz_left_factor(ref, ns.coefficients, ns.steps, ns.eps)
     lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
-    return MuonMap(lr * coef / norm, L, tall)
+    return MuonMap(lr * coef / norm, L, tall, points, lr * coef, ns)
 
 
 def _sgd_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> ScalarMap:
@@ -270,8 +374,9 @@ class Resolver(Protocol):
         """Parameters may share one stacked map only if their keys are equal."""
         ...
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
-        """The map of ``params`` (``gbar`` [L, *shape], the proxy gradients, stand in for missing state)."""
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
+        """The map of ``params`` (``gbar`` [L, *shape], the proxy gradients, stand in for missing state;
+        ``step`` draws the step's batch gradient from the candidates, for maps that depend on it)."""
         ...
 
 
@@ -280,13 +385,27 @@ class OptimizerPreconditioner:
 
     Args:
         optimizer: SGD, AdamW, Muon or the Muon+AdamW composite; anything else is an error.
+        adamw_map: AdamW's second moment in the map: ``"frozen"`` (the derivative of torch's step at
+            g → 0) or ``"proxy_in_v"`` (the proxy gradient's share put into v); see :class:`DiagonalMap`.
+        muon_batch: rows the next step averages (K × accumulation): Muon's derivative is evaluated at
+            the momentum plus ``muon_draws`` draws of such a batch from the candidates (None: at the
+            momentum alone); see :class:`MuonMap`.
+        muon_draws: M, the batches drawn (M vector–Jacobian products per Muon matrix).
     """
 
-    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
+    def __init__(
+        self, optimizer: torch.optim.Optimizer, adamw_map: AdamWMap = "frozen", muon_batch: int | None = None, muon_draws: int = 8
+    ) -> None:
+        if (muon_batch is not None and muon_batch < 1) or muon_draws < 1:
+            raise ValueError(f"muon_batch must be ≥ 1 or None and muon_draws ≥ 1, got {muon_batch} and {muon_draws}")
+        if adamw_map not in ("frozen", "proxy_in_v"):
+            raise ValueError(f"unknown adamw_map {adamw_map!r}; choose 'frozen' or 'proxy_in_v'")
         inner = optimizer.optimizers if isinstance(optimizer, MuonWithAdamW) else (optimizer,)
         for opt in inner:
             if type(opt) not in _MAPS:
                 raise TypeError(f"no ghost preconditioner for {type(opt).__name__}; supported: {SUPPORTED}")
+        self._maps = {**_MAPS, torch.optim.AdamW: partial(_adamw_map, variant=adamw_map),
+                      torch.optim.Muon: partial(_muon_map, batch_rows=muon_batch, draws=muon_draws)}
         self._where: dict[int, tuple[torch.optim.Optimizer, dict]] = {
             id(p): (opt, g) for opt in inner for g in opt.param_groups for p in g["params"]
         }
@@ -295,12 +414,14 @@ class OptimizerPreconditioner:
         """The parameter's optimizer group: one set of hyperparameters."""
         return id(self._locate(param)[1])
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
-        """The stacked map for ``params`` (one optimizer group), ``gbar`` [L, *shape]."""
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
+        """The stacked map for ``params`` (one optimizer group), ``gbar`` [L, *shape]; ``step`` reaches Muon only."""
         opt, group = self._locate(params[0])
         if any(self._locate(p)[1] is not group for p in params[1:]):
             raise ValueError("stacked parameters must share one optimizer group (see group_key)")
-        return _MAPS[type(opt)](opt, group, params, gbar)
+        if type(opt) is torch.optim.Muon:
+            return self._maps[type(opt)](opt, group, params, gbar, step)
+        return self._maps[type(opt)](opt, group, params, gbar)
 
     def _locate(self, param: torch.nn.Parameter) -> tuple[torch.optim.Optimizer, dict]:
         if id(param) not in self._where:
@@ -317,7 +438,7 @@ class IdentityPreconditioner:
     def group_key(self, param: torch.nn.Parameter) -> Hashable:
         return None
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
         return ScalarMap(self.c)
 
 
@@ -338,5 +459,5 @@ class SGDStepPreconditioner:
             raise KeyError("a scored parameter is not in the optimizer")
         return None
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
         return ScalarMap(per_layer([self._lr[id(p)] / self.batch for p in params], gbar.device))
