@@ -120,33 +120,37 @@ def test_utilities_and_norms_match_per_sample_gradients(stacking: str, name: str
     assert float(total.abs().min()) > 0
 
 
-@pytest.mark.parametrize("optimizer", ["sgd", "muon"])
+@pytest.mark.parametrize("optimizer, sketch", [("sgd", "tensor"), ("muon", "tensor"), ("adamw", "count")])
 @pytest.mark.parametrize("name, tied", [("llama", True), ("gpt2", True), ("qwen2", False)])
-def test_tensor_sketch_is_each_weights_count_sketch_in_its_block(stacking: str, name: str, tied: bool, optimizer: str) -> None:
-    """Exact maps (SGD everywhere; under Muon+AdamW the hidden matrices and the biases' AdamW diagonal, the embedding
-    and head left out: a Linear's AdamW map is sketched through its rank-1 factorisation): the sketch is Σ over scored
-    weights of the CountSketch of P G_i under the weight's own hash into its own block (a tied weight: one block, the
-    sum of both uses), biases under their own CountSketch."""
+def test_sketch_is_each_weights_count_sketch(stacking: str, name: str, tied: bool, optimizer: str, sketch: str) -> None:
+    """Where the sketch is exact, it is Σ over scored weights of the CountSketch of P G_i under the weight's own hash
+    (a tied weight: one hash, the sum of both uses), biases under their own CountSketch. The tensor sketch puts each
+    weight in its own block of bins and is exact for SGD and for Muon+AdamW's hidden matrices and biases (a Linear's
+    AdamW map is sketched through its rank-1 factorisation, so the embedding and head are left out there); the count
+    sketch materialises P G_i and is exact for every map (AdamW on the tied weight here)."""
     lit, opt = _trained(name, tied, optimizer)
     batch, resolver = _rows(), OptimizerPreconditioner(opt)
-    engine = GhostEngine(lit.model, include_embedding=optimizer == "sgd", include_head=optimizer == "sgd", sketch_dim=256)
+    outer = optimizer != "muon"
+    engine = GhostEngine(lit.model, include_embedding=outer, include_head=outer, sketch_dim=256, sketch=sketch)
     got = engine.score(lit.per_sample_loss, batch, N_CAND, resolver, seed=3)
     G, names = _per_sample_grads(lit, batch), {id(p): n for n, p in lit.model.named_parameters()}
     aliases = {n for tied in shared_weights(engine.layers) for n in tied[1:]}  # a shared weight's later uses
     owners = [(i, n, m) for i, (n, m) in enumerate(engine.layers) if n not in aliases]
     blocks = dict(zip([n for _, n, _ in owners], sketch_blocks([m.weight.numel() for _, _, m in owners], 256)))
-    want = torch.zeros(N_CAND, 256)
+    cpu, want = torch.device("cpu"), torch.zeros(N_CAND, 256)
     for index, layer, module in (o for o in owners if o[1] not in got.shared):  # a position table holds its bins, unfilled
         g = G[names[id(module.weight)]]
         PG = resolver([module.weight], g[N_CAND:].mean(0)[None]).apply(g[None, :N_CAND])[0]
-        offset, n = blocks[layer]
-        bins, signs = TensorSketch(256, *PG.shape[1:], 3, [index], torch.device("cpu"), n, [offset]).explicit()
-        want.index_add_(1, bins[0], PG.flatten(1) * signs[0])
+        if sketch == "count":
+            want += CountSketch(256, *PG.shape[1:], 3, [index], cpu)(PG[None])
+        else:
+            offset, n = blocks[layer]
+            bins, signs = TensorSketch(256, *PG.shape[1:], 3, [index], cpu, n, [offset]).explicit()
+            want.index_add_(1, bins[0], PG.flatten(1) * signs[0])
         if getattr(module, "bias", None) is not None:
             gb = G[names[id(module.bias)]]
             Pb = resolver([module.bias], gb[N_CAND:].mean(0)[None]).apply(gb[None, :N_CAND])
-            cs = CountSketch(256, gb.shape[-1], 1, 3, [len(engine.layers) + index], torch.device("cpu"))
-            want += cs(Pb[..., None])
+            want += CountSketch(256, gb.shape[-1], 1, 3, [len(engine.layers) + index], cpu)(Pb[..., None])
     tol = 1e-3 if optimizer == "muon" else 1e-4
     torch.testing.assert_close(got.sketches, want, rtol=tol, atol=tol * float(want.abs().max()))
 
@@ -211,10 +215,13 @@ def test_candidate_chunks_keep_the_position_table_shared(stacking: str) -> None:
     torch.testing.assert_close(chunked.utilities, whole.utilities, rtol=1e-4, atol=1e-7)
 
 
+@pytest.mark.parametrize("head", [False, True])
 @pytest.mark.parametrize("model", ["llama", "gpt2", "qwen2"])
 @pytest.mark.parametrize("method, optimizer", [("opus", "adamw"), ("opus", "muon"), ("greats", "adamw"), ("greats", "muon")])
-def test_online_methods_train_through_train_py(tiny_corpus, tmp_path: Path, model: str, method: str, optimizer: str) -> None:
-    """Three steps of OPUS and GREATS with the head scored (with a tied head: the shared weight, both uses)."""
+def test_online_methods_train_through_train_py(tiny_corpus, tmp_path: Path, model: str, method: str, optimizer: str,
+                                               head: bool) -> None:
+    """Three steps of OPUS and GREATS scoring the hidden layers (the method configs' default), and with the head
+    (with a tied head: the shared weight, both uses)."""
     args = ["fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config",
             str(ROOT / f"configs/method/{method}.yaml"), "--model", "selection_callbacks.learner.LitCausalLM",
             "--model.config", str(ROOT / f"configs/model/tiny-{model}.yaml"), "--model.optimizer", optimizer,
@@ -222,12 +229,12 @@ def test_online_methods_train_through_train_py(tiny_corpus, tmp_path: Path, mode
             "--data.val", tiny_corpus["val"], "--data.seq_len", "32", "--data.batch_size", "4", "--data.val_samples", "8",
             "--data.progress", "false", "--trainer.max_steps", "3", "--trainer.val_check_interval", "3",
             "--trainer.enable_progress_bar", "false", "--trainer.logger", "false", "--ledger.enabled", "false",
-            "--trainer.default_root_dir", str(tmp_path), "--selection.init_args.include_head", "true"]
+            "--trainer.default_root_dir", str(tmp_path), "--selection.init_args.include_head", str(head).lower()]
     cli = train.main(args)
     selection = next(cb for cb in cli.trainer.callbacks if isinstance(cb, GhostSelection))
     scored = list(selection._last.layer_utilities)
     embedding = {"llama": "model.embed_tokens", "gpt2": "transformer.wte", "qwen2": None}[model]  # the configs' tied heads
-    assert ("lm_head" in scored) == (embedding is None) and (embedding is None or embedding in scored)
+    assert ("lm_head" in scored) == (head and embedding is None) and (embedding in scored) == (head and embedding is not None)
     assert any(".mlp." in n for n in scored) and all(torch.isfinite(u).all() for u in selection._last.layer_utilities.values())
     metrics = json.loads((tmp_path / "metrics.json").read_text())
     assert metrics["global_step"] == 3 and metrics["selection"]["kept"] == 3 * 4

@@ -276,7 +276,7 @@ class GhostEngine:
                 return
             if name in state.inputs:
                 raise RuntimeError(
-                    f"ghost scoring: layer {name!r} ran twice in one forward (shared weights); its per-sample "
+                    f"ghost scoring: layer {name!r} ran twice in one forward (one module applied twice); its per-sample "
                     "gradient would mix both calls: pass exclude=[...] to score the other layers"
                 )
             if name in state.shared:
