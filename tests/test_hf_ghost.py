@@ -7,6 +7,7 @@ from __future__ import annotations
 import json
 import os
 from pathlib import Path
+from types import SimpleNamespace
 
 import pytest
 import torch
@@ -20,8 +21,9 @@ import selection_callbacks.scoring.ghost as ghost  # noqa: E402
 from selection_callbacks.callbacks.ghost import GhostSelection, excluded_layers  # noqa: E402
 from selection_callbacks.learner import LitCausalLM  # noqa: E402
 from selection_callbacks.learner.hf_causal_lm import causal_lm_config  # noqa: E402
+from selection_callbacks.methods import GreatsSelection, OPUSSelection  # noqa: E402
 from selection_callbacks.nn.optim import build_optimizer  # noqa: E402
-from selection_callbacks.scoring.ghost import GhostEngine, scored_layers, shared_weights  # noqa: E402
+from selection_callbacks.scoring.ghost import GhostEngine, scored_layers, shared_weights, unscorable_layers  # noqa: E402
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner  # noqa: E402
 from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, sketch_blocks  # noqa: E402
 
@@ -193,19 +195,27 @@ def test_an_unsupported_layer_is_named_with_the_option_that_skips_it() -> None:
         GhostEngine(lit.model)
     with pytest.raises(TypeError, match="_Factored"):  # a pattern that keeps it still needs it scorable
         GhostEngine(lit.model, exclude=excluded_layers(lit.model, False, False, ["model.layers.0.*"]))
+    trainer = SimpleNamespace(precision_plugin=None)  # what OPUS's setup reads of the trainer here
+    with pytest.raises(TypeError, match=r"'model.layers.0.self_attn.o_proj' \(_Factored.*layers=\[\.\.\.\]"):
+        OPUSSelection().setup(trainer, lit, "fit")
+    selection = GreatsSelection(layers=["model.layers.1.*"])
+    selection.setup(trainer, lit, "fit")
+    assert "model.layers.0.self_attn.o_proj" not in [n for n, _ in selection.engine.layers]
     exclude = excluded_layers(lit.model, False, False, ["model.layers.1.*"])
     assert "model.layers.0.self_attn.o_proj" in exclude
     engine = GhostEngine(lit.model, exclude=exclude)
     assert {n.split(".")[2] for n, _ in engine.layers} == {"1"}
     got = engine.score(lit.per_sample_loss, _rows(), N_CAND, OptimizerPreconditioner(torch.optim.SGD(lit.parameters(), lr=0.1)))
     assert got.utilities.shape == (N_CAND,) and torch.isfinite(got.utilities).all()
-    for _, module in lit.model.named_modules():  # norms (1-D gains) and rotary tables (no parameters) need no form
-        if "Norm" in type(module).__name__ or "Rotary" in type(module).__name__:
-            assert all(p.ndim < 2 for p in module.parameters(recurse=False))
+    for name in ("llama", "gpt2", "qwen2"):  # norms (1-D gains), rotary tables (no parameters): nothing unscorable
+        model = _model(name, True).model
+        kinds = {type(m).__name__ for m in model.modules()}
+        assert any("Norm" in k for k in kinds) and unscorable_layers(model) == []
 
 
 def test_candidate_chunks_keep_the_position_table_shared(stacking: str) -> None:
-    """Passes of one candidate each see GPT-2's position ids [1, T] as one row: still a shared table, same scores."""
+    """Passes of one candidate each see GPT-2's position ids [1, T] as one row: still a shared table; the tied weight's
+    map, fixed in the first pass, carries over; the scores are one pass's."""
     lit, opt = _trained("gpt2", True, "adamw")
     batch, resolver = _rows(), OptimizerPreconditioner(opt)
     whole = GhostEngine(lit.model, include_embedding=True, include_head=True).score(lit.per_sample_loss, batch, N_CAND, resolver)
