@@ -26,7 +26,15 @@ from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.token_bin import load_token_bin
 from selection_callbacks.nn.heads import vocabulary_size
-from selection_callbacks.scoring.ghost import GhostEngine, GhostScores, Resolver, check_precision, scored_layers
+from selection_callbacks.scoring.ghost import (
+    GhostEngine,
+    GhostScores,
+    Resolver,
+    check_precision,
+    scored_layers,
+    shared_weights,
+    unscorable_layers,
+)
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.windows import score_windows
 
@@ -34,14 +42,19 @@ from selection_callbacks.scoring.windows import score_windows
 def excluded_layers(
     module: torch.nn.Module, include_embedding: bool, include_head: bool, patterns: list[str] | None
 ) -> tuple[str, ...]:
-    """Names of the scorable layers that match none of ``patterns`` (nothing when patterns is None)."""
-    names = [name for name, _ in scored_layers(module, include_embedding, include_head)]
+    """Names of the layers that match none of ``patterns`` (nothing when patterns is None): scorable layers
+    (a tied weight's layers kept together when any of them matches) and layers the engine cannot score."""
     if patterns is None:
         return ()
-    keep = [n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)]
+    unscorable = unscorable_layers(module)
+    layers = scored_layers(module, include_embedding, include_head, tuple(unscorable))
+    names = [name for name, _ in layers]
+    keep = {n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
     if not keep:
         raise ValueError(f"layers={patterns} match none of the scorable layers: {names}")
-    return tuple(n for n in names if n not in keep)
+    keep |= {n for tied in shared_weights(layers) if keep & set(tied) for n in tied}
+    return tuple(n for n in names if n not in keep) + tuple(
+        n for n in unscorable if not any(fnmatch.fnmatchcase(n, p) for p in patterns))
 
 
 def check_vocabulary(split: PackedSplit, model: torch.nn.Module, what: str) -> None:
@@ -76,7 +89,9 @@ class GhostSelection(SelectionCallback):
         include_head: also score the output head.
         layers: glob patterns of module names to score (e.g. ``["blocks.3.*"]``); None = all of the
             above. The scoring backward stops at the earliest scored layer, so scoring only late
-            layers is cheaper.
+            layers is cheaper. A module with ≥ 2-D weights the engine has no form for (not a
+            Linear, Conv1D or Embedding) must match none of the patterns; a tied head and
+            embedding are kept together when a pattern names either.
         sketch: ``"tensor"``, ``"count"`` or ``"two_sided"`` (see :class:`GhostEngine`).
         candidate_chunk: score candidates in passes of at most this many rows (the proxy rows ride
             with the first): activation memory flat in N (None: one pass over all rows, fastest).

@@ -155,7 +155,7 @@ def param_split(model: nn.Module) -> ParamSplit:
     groups: dict[str, dict[str, nn.Parameter]] = {"hidden": {}, "other2d": {}, "flat": {}}
     transposed, tied, first_name = set(), {}, {}
     heads = output_heads(model)
-    conv1d = _conv1d_type()
+    conv1d = conv1d_type()
     for module_name, module in model.named_modules(remove_duplicate=False):
         for local, p in module.named_parameters(recurse=False):
             name = f"{module_name}.{local}" if module_name else local
@@ -223,7 +223,7 @@ def build_optimizer(
     raise ValueError(f"unknown optimizer {name!r}; choose 'adamw' or 'muon'")
 
 
-def _conv1d_type() -> type | None:
+def conv1d_type() -> type | None:
     """transformers' ``Conv1D`` (weight [in, out]) when transformers is loaded; a model holding one has loaded it."""
     module = sys.modules.get("transformers.pytorch_utils")
     return getattr(module, "Conv1D", None)

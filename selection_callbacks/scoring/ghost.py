@@ -1,6 +1,10 @@
 """Ghost-gradient engine: per-sample gradient geometry from one forward/backward, no per-sample gradients.
 
 For a linear layer y_t = W a_t, sample i's gradient is G_i = Σ_t b_t a_tᵀ with b_t = ∂ℓ_i/∂y_t.
+transformers' ``Conv1D`` (GPT-2) stores W as [in, out], y_t = Wᵀ a_t: the engine works in the stored
+orientation, G_i = Σ_t a_t b_tᵀ, so the optimizer's map of the stored parameter (a Muon group's
+rescaled lr included) applies as it is. A weight shared by several layers (a head tied to the token
+embedding) is one parameter: its per-sample gradient is the sum of its uses', and it is scored once.
 One forward over R = N candidate rows ++ P proxy rows captures a (forward hooks) and one
 ``torch.autograd.grad`` of Σ_r ℓ_r with respect to the earliest captured activations (the first
 float input, plus the outputs of layers fed by ids) yields every b through tensor hooks; no
@@ -31,6 +35,7 @@ import torch
 import torch.nn as nn
 
 from selection_callbacks.nn.heads import output_heads
+from selection_callbacks.nn.optim import conv1d_type
 from selection_callbacks.scoring.preconditioners import DiagonalMap, Preconditioner, Resolver, ScalarMap, rows_matmul
 from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSidedProjection, sketch_blocks
 
@@ -44,7 +49,7 @@ class GhostScores:
 
     Attributes:
         utilities: [N] Σ_layers ⟨G_i, −Jᵀḡ⟩ (= ⟨P G_i, ḡ⟩ for self-adjoint maps).
-        layer_utilities: layer name → [N].
+        layer_utilities: layer name → [N] (a weight and its bias together; a shared weight under its first layer).
         losses: [R] per-row losses (candidates then proxy).
         sketches: [N, m] or None.
         sq_norms: [N] Σ_layers ‖P G_i‖² or None.
@@ -61,29 +66,76 @@ class GhostScores:
     shared: list[str] = field(default_factory=list)
 
 
+def linear_kind(module: nn.Module) -> Literal["linear", "conv1d"] | None:
+    """``"linear"`` for ``nn.Linear`` (weight [out, in]), ``"conv1d"`` for transformers' ``Conv1D`` (weight [in, out])."""
+    if isinstance(module, nn.Linear):
+        return "linear"
+    conv1d = conv1d_type()
+    return "conv1d" if conv1d is not None and isinstance(module, conv1d) else None
+
+
+def unscorable_layers(model: nn.Module) -> list[str]:
+    """Modules holding a trainable parameter of ≥ 2 dimensions the engine has no ghost form for: neither
+    ``nn.Linear``, ``Conv1D`` nor ``nn.Embedding`` (norms, rotary tables and activations hold none)."""
+    return [name for name, module in model.named_modules()
+            if linear_kind(module) is None and not isinstance(module, nn.Embedding)
+            and any(p.ndim >= 2 and p.requires_grad for p in module.parameters(recurse=False))]
+
+
 def scored_layers(
     model: nn.Module, include_embedding: bool = False, include_head: bool = False, exclude: tuple[str, ...] = ()
 ) -> list[tuple[str, nn.Module]]:
-    """Every ``nn.Linear`` (the output head only if asked) and, if asked, every ``nn.Embedding``.
+    """Every linear layer (``nn.Linear``, transformers' ``Conv1D``; the output head only if asked) and, if
+    asked, every ``nn.Embedding``, in registration order.
 
     The head is found structurally (:func:`selection_callbacks.nn.heads.output_heads`: marked,
-    tied to the embedding, or the vocabulary-sized Linear). A position table (an embedding looked
-    up with 1-D ids and broadcast over rows) cannot be captured per sample; the engine skips it
-    and lists it in ``GhostScores.shared``.
+    tied to the embedding, or the vocabulary-sized Linear). A weight shared by several modules (a
+    head tied to the token embedding) is one parameter: when either flag asks for one of its
+    modules, all of them are listed (:class:`GhostEngine` scores them as one), and ``exclude``
+    must name all of them or none. A position table (an embedding looked up with ids broadcast
+    over rows) cannot be captured per sample; the engine skips it and lists it in
+    ``GhostScores.shared``. Modules with parameters of fewer than two dimensions (norm gains) or
+    none (rotary embeddings) are not scored and need no hooks; any other module with a trainable
+    ≥ 2-D parameter (:func:`unscorable_layers`) is an error unless ``exclude`` names it.
     """
-    out = []
+    unscorable = [name for name in unscorable_layers(model) if name not in exclude]
+    if unscorable:
+        module = model.get_submodule(unscorable[0])
+        shapes = {n: tuple(p.shape) for n, p in module.named_parameters(recurse=False) if p.ndim >= 2}
+        raise TypeError(
+            f"ghost scoring has no per-sample gradient form for layer {unscorable[0]!r} ({type(module).__name__}, "
+            f"parameters {shapes}; {len(unscorable)} such layer(s): {unscorable[:4]}): it scores nn.Linear, "
+            "transformers Conv1D and nn.Embedding weights. Leave the layer out with layers=[...] (OPUS/GREATS: "
+            "glob patterns of the layers to score, which it must not match) or exclude=(...) (GhostEngine), "
+            "or freeze its parameters"
+        )
     heads = output_heads(model)
+    candidates, wanted = [], set()
     for name, module in model.named_modules():
-        if name in exclude:
+        if linear_kind(module) is not None:
+            asked = include_head or name not in heads
+        elif isinstance(module, nn.Embedding):
+            asked = include_embedding
+        else:
             continue
-        if isinstance(module, nn.Linear):
-            if include_head or name not in heads:
-                out.append((name, module))
-        elif isinstance(module, nn.Embedding) and include_embedding:
-            out.append((name, module))
+        candidates.append((name, module))
+        if asked and name not in exclude:
+            wanted.add(id(module.weight))
+    out = [(name, m) for name, m in candidates if id(m.weight) in wanted]
+    for names in shared_weights(out):
+        if any(n in exclude for n in names):
+            raise ValueError(f"layers {list(names)} share one weight (tied): exclude all of them or none, got exclude={list(exclude)}")
     if not out:
-        raise ValueError(f"{type(model).__name__} has no nn.Linear layers to score")
+        raise ValueError(f"{type(model).__name__} has no linear layers (nn.Linear, Conv1D) to score")
     return out
+
+
+def shared_weights(layers: list[tuple[str, nn.Module]]) -> list[tuple[str, ...]]:
+    """Names of the layers that share one weight, per shared weight (in layer order; unshared weights left out)."""
+    uses: dict[int, list[str]] = {}
+    for name, module in layers:
+        uses.setdefault(id(module.weight), []).append(name)
+    return [tuple(names) for names in uses.values() if len(names) > 1]
 
 
 class GhostEngine:
@@ -99,6 +151,7 @@ class GhostEngine:
         model: the (unwrapped) module whose layers are scored.
         include_embedding: also score ``nn.Embedding`` weights.
         include_head: also score the output head (found by :func:`~selection_callbacks.nn.heads.output_heads`).
+            A head tied to the embedding is one weight: either flag scores it, over both uses.
         sketch_dim: m; 0 disables sketches. With ``"tensor"`` each scored layer owns a block of the
             bins in proportion to its weight size (:func:`sketch_blocks`), at least one.
         sketch: ``"tensor"`` (TensorSketch; AdamW through its rank-1 factorised D), ``"count"``
@@ -134,8 +187,14 @@ class GhostEngine:
         self.layers = scored_layers(model, include_embedding, include_head, tuple(exclude))
         if candidate_chunk is not None and candidate_chunk < 1:
             raise ValueError(f"candidate_chunk must be ≥ 1 or None, got {candidate_chunk}")
-        sizes = [module.weight.numel() for _, module in self.layers]
-        self._blocks = dict(zip([name for name, _ in self.layers], sketch_blocks(sizes, sketch_dim))) if sketch == "tensor" and sketch_dim else {}
+        self._tied = {name: names for names in shared_weights(self.layers) for name in names}
+        for name, module in self.layers:
+            if name in self._tied and getattr(module, "bias", None) is not None:
+                raise ValueError(f"layer {name!r} shares its weight with {list(self._tied[name])} and has a bias: "
+                                 "tied layers are scored without biases; exclude them")
+        owners = [(name, m) for name, m in self.layers if self._tied.get(name, (name,))[0] == name]  # a shared weight once
+        sizes = [module.weight.numel() for _, module in owners]
+        self._blocks = dict(zip([name for name, _ in owners], sketch_blocks(sizes, sketch_dim))) if sketch == "tensor" and sketch_dim else {}
         self.sketch_dim, self.sketch, self.norms, self.chunk = sketch_dim, sketch, norms, chunk
         self.candidate_chunk, self.stack_layers = candidate_chunk, stack_layers
         self._modules = dict(self.layers)
@@ -166,7 +225,9 @@ class GhostEngine:
         passes = [self._pass(loss_fn, first, _PassState(c, n_rows - n_candidates, preconditioner, seed, maps))]
         for lo in range(c, n_candidates, c):
             hi = min(lo + c, n_candidates)
-            passes.append(self._pass(loss_fn, _take(rows, torch.arange(lo, hi), n_rows), _PassState(hi - lo, 0, preconditioner, seed, maps)))
+            state = _PassState(hi - lo, 0, preconditioner, seed, maps)
+            state.shared = list(passes[0].shared)  # a pass of one row cannot tell a broadcast table from a per-row one
+            passes.append(self._pass(loss_fn, _take(rows, torch.arange(lo, hi), n_rows), state))
         losses = torch.cat([passes[0].losses[:c], *(s.losses for s in passes[1:]), passes[0].losses[c:]])
         order = [name for name, _ in self.layers if name in passes[0].utilities]
         layer_utilities = {name: torch.cat([s.utilities[name] for s in passes]) for name in order}
@@ -199,7 +260,8 @@ class GhostEngine:
         finally:
             for h in handles:
                 h.remove()
-        missing = [name for name, _ in self.layers if name not in state.utilities and name not in state.shared]
+        missing = [name for name, _ in self.layers if name not in state.utilities and name not in state.shared
+                   and self._tied.get(name, (name,))[0] == name]  # a shared weight's utilities are its first layer's
         if missing:  # every pass carries ≥ 1 candidate, so a scored layer has utilities
             raise RuntimeError(
                 f"ghost capture scored {len(state.utilities)} of {len(self.layers)} layers (missing e.g. {missing[:3]}): hooks "
@@ -214,12 +276,14 @@ class GhostEngine:
                 return
             if name in state.inputs:
                 raise RuntimeError(
-                    f"ghost scoring: layer {name!r} ran twice in one forward (shared weights); its per-sample "
+                    f"ghost scoring: layer {name!r} ran twice in one forward (one module applied twice); its per-sample "
                     "gradient would mix both calls: pass exclude=[...] to score the other layers"
                 )
+            if name in state.shared:
+                return
             x = args[0] if args else next(iter(kwargs.values()))
             rows = state.n + state.p
-            if isinstance(module, nn.Embedding) and x.ndim == 1:  # a position table, broadcast over rows
+            if isinstance(module, nn.Embedding) and (x.ndim == 1 or x.shape[0] == 1 < rows):  # a position table, broadcast over rows
                 state.shared.append(name)
                 return
             if x.ndim < 2 or x.shape[0] != rows:
@@ -251,17 +315,20 @@ class GhostEngine:
         ``STACK_ROW_ELEMENTS`` numbers per row (the split depends on per-row sizes only, so every pass
         of a scoring call groups alike). Without ``stack`` every layer is its own group.
 
-        Embeddings stay alone (their sketch and norm paths are per table).
+        Embeddings stay alone (their sketch and norm paths are per table); the layers sharing one weight
+        form one group of their own (:meth:`_tied_scores`).
         """
         groups: dict[tuple, list[str]] = {}
         for name, module in self.layers:
             if name not in state.inputs:
                 continue
-            if isinstance(module, nn.Embedding) or not stack:
-                key: tuple = (name,)
+            if name in self._tied:  # one weight, one group of its uses
+                key: tuple = self._tied[name]
+            elif isinstance(module, nn.Embedding) or not stack:
+                key = (name,)
             else:
                 bias = module.bias
-                key = (module.weight.shape, state.resolve.group_key(module.weight), bias is None,
+                key = (linear_kind(module), module.weight.shape, state.resolve.group_key(module.weight), bias is None,
                        None if bias is None else state.resolve.group_key(bias),
                        state.inputs[name].shape[1:], state.out_shapes[name][1:])
             groups.setdefault(key, []).append(name)
@@ -270,7 +337,7 @@ class GhostEngine:
             members: list[str] = []
             for name in names:
                 per_row = (state.inputs[name][0].numel() + state.out_shapes[name][1:].numel()) * (len(members) + 1)
-                if members and per_row > STACK_ROW_ELEMENTS:
+                if members and per_row > STACK_ROW_ELEMENTS and name not in self._tied:
                     out.append(tuple(members))
                     members = []
                 members.append(name)
@@ -279,7 +346,13 @@ class GhostEngine:
 
     # ---- per-group math ----
     def _group_scores(self, names: tuple[str, ...], state: "_PassState") -> None:
-        """The scores of same-shaped layers ``names``, stacked: A [L, R, T, d_in], B [L, R, T, d_out]."""
+        """The scores of same-shaped layers ``names``, stacked in the weight's stored orientation:
+        B [L, R, T, rows], A [L, R, T, cols], G = Σ_t b_t a_tᵀ [rows, cols]. A Linear's rows are its
+        outputs (B the output gradients, A the inputs); a Conv1D's weight is stored [in, out], so B
+        is its inputs and A its output gradients."""
+        if names[0] in self._tied:
+            self._tied_scores(names, state)
+            return
         modules = [self._modules[name] for name in names]
         inputs = [state.inputs.pop(name) for name in names]
         grads = [state.grads.pop(name) for name in names]
@@ -287,20 +360,18 @@ class GhostEngine:
         if isinstance(modules[0], nn.Embedding):
             self._embedding(names[0], modules[0], inputs[0].reshape(R, -1), grads[0].reshape(R, -1, grads[0].shape[-1]).float(), state)
             return
-        B = _stack(grads).reshape(len(names), R, -1, grads[0].shape[-1]).float()
-        A = _stack(inputs).reshape(len(names), R, -1, inputs[0].shape[-1]).float()
+        B, A, out = self._factors(modules[0], _stack(inputs), _stack(grads))
         del inputs, grads
         maps = state.maps.get(names)
         if maps is None:  # the pass carrying the proxy rows fixes the group's maps
-            maps = state.maps[names] = self._linear_maps(modules, B, A, state)
+            maps = state.maps[names] = self._linear_maps(modules, B, A, out, state)
         if N == 0:
             return
-        B, A = B[:, :N], A[:, :N]
-        # u = Σ_t b_tᵀ Q a_t, the product landing on the narrower side (fewer numbers to multiply and sum)
-        u = (rows_matmul(B, maps.Q).mul_(A) if A.shape[-1] <= B.shape[-1] else rows_matmul(A, maps.Q.mT).mul_(B)).sum((2, 3))
+        B, A, out = B[:, :N], A[:, :N], out[:, :N]
+        u = _linear_utilities(B, A, maps.Q)
         bias_pg = None
-        if maps.bias_pre is not None:  # G_bias = Σ_t b_t
-            g_bias = B.sum(2)  # [L, N, d_out]
+        if maps.bias_pre is not None:  # G_bias = Σ_t ∂ℓ/∂y_t
+            g_bias = out.sum(2)  # [L, N, d_out]
             u = u + (g_bias * maps.Q_bias[:, None, :]).sum(-1)
             if self.sketch_dim or self.norms:
                 bias_pg = maps.bias_pre.apply(g_bias)
@@ -314,20 +385,83 @@ class GhostEngine:
             sq = self._sq_norms(maps.pre, B, A).sum(0)
             state.add_norm(sq if bias_pg is None else sq + bias_pg.pow(2).sum((0, 2)))
 
-    def _linear_maps(self, modules: list[nn.Module], B: torch.Tensor, A: torch.Tensor, state: "_PassState") -> "_LayerMaps":
-        """P and Q = −Jᵀḡ of stacked linear layers from the pass's B [L, n + P, T, d_out], A [L, n + P, T, d_in]
-        (the proxy rows fix ḡ; the n candidates stand in for the step's batch where a map asks for it)."""
+    @staticmethod
+    def _factors(module: nn.Module, inputs: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+        """(B [L, R, T, rows], A [L, R, T, cols], output gradients [L, R, T, d_out]) in float32 from stacked
+        captures: the weight's stored orientation (views, no copies)."""
+        L, R = grads.shape[0], grads.shape[1]
+        out = grads.reshape(L, R, -1, grads.shape[-1]).float()
+        x = inputs.reshape(L, R, -1, inputs.shape[-1]).float()
+        return (x, out, out) if linear_kind(module) == "conv1d" else (out, x, out)
+
+    def _linear_maps(
+        self, modules: list[nn.Module], B: torch.Tensor, A: torch.Tensor, out: torch.Tensor, state: "_PassState"
+    ) -> "_LayerMaps":
+        """P and Q = −Jᵀḡ of stacked linear layers from the pass's B [L, n + P, T, rows], A [L, n + P, T, cols]
+        and output gradients ``out`` (for biases); the proxy rows fix ḡ, the n candidates stand in for the
+        step's batch where a map asks for it."""
         n = state.n
-        gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P, [L, d_out, d_in]
+        gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P, [L, rows, cols]
         pre = state.resolve([m.weight for m in modules], gbar, CandidateDraws(B[:, :n], A[:, :n], state.seed))
         maps = _LayerMaps(pre, pre.utility_vector(gbar))
         if modules[0].bias is not None:
-            gbar_bias = B[:, n:].sum(2).mean(1)
+            gbar_bias = out[:, n:].sum(2).mean(1)
             maps.bias_pre = state.resolve([m.bias for m in modules], gbar_bias)
             maps.Q_bias = maps.bias_pre.utility_vector(gbar_bias)
         if self.sketch_dim and self.sketch != "count" and isinstance(pre, DiagonalMap):
             maps.factor_error = pre.factor_error
         return maps
+
+    def _tied_scores(self, names: tuple[str, ...], state: "_PassState") -> None:
+        """One weight W shared by the layers ``names`` (a head tied to the token embedding), scored once under
+        the first name: its per-sample gradient is the sum over its uses, G_i = Σ_k G_i^(k), so ḡ sums the uses'
+        proxy gradients, P and Q = −Jᵀḡ are resolved once and u_i = Σ_k ⟨G_i^(k), Q⟩ is exact. The uses' sketches
+        go through one sketcher (a linear sketch of the sum); ‖P G_i‖² is taken over the materialised sum.
+        Muon's batch point is not drawn here: a shared weight's map is evaluated at its momentum."""
+        first, N = names[0], state.n
+        weight = self._modules[first].weight
+        uses = []  # ("embedding", ids [R, T], B [R, T, d]) or ("linear", B [1, R, T, rows], A [1, R, T, cols])
+        for name in names:
+            x, g = state.inputs.pop(name), state.grads.pop(name)
+            if isinstance(self._modules[name], nn.Embedding):
+                uses.append(("embedding", x.reshape(g.shape[0], -1), g.reshape(g.shape[0], -1, g.shape[-1]).float()))
+            else:
+                uses.append(("linear", *self._factors(self._modules[name], x[None], g[None])[:2]))
+        maps = state.maps.get((first,))
+        if maps is None:
+            gbar = torch.zeros(weight.shape, device=uses[0][2].device)
+            for kind, left, right in uses:
+                if kind == "embedding":
+                    gbar.index_add_(0, left[N:].reshape(-1), right[N:].reshape(-1, right.shape[-1]))
+                else:
+                    gbar += left[0, N:].flatten(0, 1).mT @ right[0, N:].flatten(0, 1)
+            gbar = gbar.div_(state.proxy_rows())[None]
+            pre = state.resolve([weight], gbar)
+            if any(kind == "embedding" for kind, *_ in uses) and not isinstance(pre, (DiagonalMap, ScalarMap)):
+                raise TypeError(f"embedding {first!r} is preconditioned by {type(pre).__name__}; only elementwise maps apply")
+            maps = state.maps[(first,)] = _LayerMaps(pre, pre.utility_vector(gbar))
+            if self.sketch_dim and self.sketch != "count" and isinstance(pre, DiagonalMap):
+                maps.factor_error = pre.factor_error
+        if N == 0:
+            return
+        pre, u, mats = maps.pre, 0.0, []
+        for kind, left, right in uses:
+            if kind == "embedding":
+                ids, B = left[:N], right[:N]
+                u = u + (maps.Q[0][ids] * B).sum((1, 2))
+                rows = self._embedding_rows(pre, ids, B)
+                if self.sketch_dim:
+                    state.add_sketch(self._embedding_sketch(first, ids, rows, weight.shape[0], state))
+                mats.append(self._embedding_mats(ids, rows, weight.shape[0]))
+            else:
+                B, A = left[:, :N], right[:, :N]
+                u = u + _linear_utilities(B, A, maps.Q)[0]
+                if self.sketch_dim:
+                    state.add_sketch(self._sketch_linear((first,), pre, B, A, state))
+                mats.append(G[0] for G in self._materialised(pre, B, A))
+        state.utilities[first] = u
+        if self.norms:
+            state.add_norm(torch.cat([sum(chunks).pow(2).sum((1, 2)) for chunks in zip(*mats)]))
 
     def _sketcher(self, names: tuple[str, ...], cls: type, d_out: int, d_in: int, seed: int, device: torch.device):
         """The sketch of layers ``names`` (a bias is ``<layer>.bias``), hashed by (seed, layer index)."""
@@ -377,17 +511,25 @@ class GhostEngine:
             return
         ids, B, pre = ids[:N], B[:N], maps.pre
         state.utilities[name] = (maps.Q[ids] * B).sum((1, 2))
-        rows = pre.C * pre.D[0][ids] * B if isinstance(pre, DiagonalMap) else pre.c * B
+        rows = self._embedding_rows(pre, ids, B)
         if self.sketch_dim:
-            if self.sketch == "tensor":
-                state.add_sketch(self._sketcher((name,), TensorSketch, V, d, state.seed, B.device).one_hot(rows, ids))
-            elif self.sketch == "count":
-                cs = self._sketcher((name,), CountSketch, V, d, state.seed, B.device)
-                state.add_sketch(torch.cat([cs(G[None]) for G in self._embedding_mats(ids, rows, V)]))
-            else:
-                raise ValueError("two-sided sketches do not cover embeddings; use sketch='tensor' or 'count'")
+            state.add_sketch(self._embedding_sketch(name, ids, rows, V, state))
         if self.norms:
             state.add_norm(torch.cat([G.pow(2).sum((1, 2)) for G in self._embedding_mats(ids, rows, V)]))
+
+    @staticmethod
+    def _embedding_rows(pre: Preconditioner, ids: torch.Tensor, B: torch.Tensor) -> torch.Tensor:
+        """b'_t = P's diagonal at row x_t times b_t, [N, T, d]: P G_i = Σ_t e_{x_t} b'_tᵀ for an elementwise P."""
+        return pre.C * pre.D[0][ids] * B if isinstance(pre, DiagonalMap) else pre.c * B
+
+    def _embedding_sketch(self, name: str, ids: torch.Tensor, rows: torch.Tensor, vocab: int, state: "_PassState") -> torch.Tensor:
+        """[N, m] the sketch of P G_i = Σ_t e_{x_t} b'_tᵀ under the sketcher of layer ``name``."""
+        if self.sketch == "tensor":
+            return self._sketcher((name,), TensorSketch, vocab, rows.shape[-1], state.seed, rows.device).one_hot(rows, ids)
+        if self.sketch == "count":
+            cs = self._sketcher((name,), CountSketch, vocab, rows.shape[-1], state.seed, rows.device)
+            return torch.cat([cs(G[None]) for G in self._embedding_mats(ids, rows, vocab)])
+        raise ValueError("two-sided sketches do not cover embeddings; use sketch='tensor' or 'count'")
 
     def _embedding_mats(self, ids: torch.Tensor, rows: torch.Tensor, vocab: int):
         """Per-sample P G_i = Σ_t e_{x_t} b'_tᵀ as [chunk, V, d] matrices."""
@@ -459,6 +601,12 @@ class _PassState:
 
     def add_norm(self, v: torch.Tensor) -> None:
         self.sq_norms = v if self.sq_norms is None else self.sq_norms + v
+
+
+def _linear_utilities(B: torch.Tensor, A: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:
+    """[L, N] u = Σ_t b_tᵀ Q a_t for B [L, N, T, rows], A [L, N, T, cols], Q [L, rows, cols]; the product lands
+    on the narrower side (fewer numbers to multiply and sum)."""
+    return (rows_matmul(B, Q).mul_(A) if A.shape[-1] <= B.shape[-1] else rows_matmul(A, Q.mT).mul_(B)).sum((2, 3))
 
 
 def stack_by_default(device: torch.device) -> bool:
