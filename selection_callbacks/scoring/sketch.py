@@ -89,9 +89,26 @@ class TensorSketch:
         fa = rows_matmul(b[None].float(), self.f2)
         return self._place((_complex(self.f1[:, ids]) * _complex(fa)).sum(2))
 
+    def matrices(self, mats: torch.Tensor) -> torch.Tensor:
+        """mats [L, N, d_out, d_in] → [N, m]: the same CountSketch of explicit matrices (a materialised P G_i), unbiased for
+        any map P. Two scatters: rows into their bins, Y[j, i] = Σ_{h1(o)=j} s1(o) M[o, i] (N·d_out·d_in adds), then
+        column i of Y shifted by h2(i), bin (j + h2(i)) mod n, with sign s2(i) (N·n·d_in adds)."""
+        L, N, d_out, d_in = mats.shape
+        lanes = torch.arange(L, device=mats.device)[:, None] * self.n
+        rows = torch.zeros(N, L * self.n, d_in, device=mats.device)
+        rows.index_add_(1, (lanes + self.h1).flatten(), (mats.float() * self.s1[:, None, :, None]).transpose(0, 1).flatten(1, 2))
+        j = torch.arange(self.n, device=mats.device)[:, None]
+        bins = lanes[:, :, None] + (j + self.h2[:, None, :]) % self.n  # [L, n, d_in]
+        signed = rows.unflatten(1, (L, self.n)) * self.s2[None, :, None, :]
+        out = torch.zeros(N, L * self.n, device=mats.device).index_add_(1, bins.flatten(), signed.flatten(1))
+        return self._place_bins(out.unflatten(1, (L, self.n)).transpose(0, 1))
+
     def _place(self, spectrum: torch.Tensor) -> torch.Tensor:
         """[L, N, n//2 + 1] per-layer spectra → [N, m]: each layer's count sketch in its block."""
-        sketches = torch.fft.irfft(spectrum, n=self.n)  # [L, N, n]
+        return self._place_bins(torch.fft.irfft(spectrum, n=self.n))
+
+    def _place_bins(self, sketches: torch.Tensor) -> torch.Tensor:
+        """[L, N, n] per-layer count sketches → [N, m]: each in its block (or all summed over the m bins)."""
         if self.n == self.m:
             return sketches.sum(0)
         out = sketches.new_zeros(sketches.shape[1], self.m)
