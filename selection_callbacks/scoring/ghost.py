@@ -43,6 +43,7 @@ from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSid
 
 SketchKind = Literal["tensor", "count", "two_sided"]
 STACK_ROW_ELEMENTS = 1 << 20  # numbers of captured a and b per row in one stack of layers
+MATERIALISED_ELEMENTS = 1 << 19  # numbers of formed P G_i per chunk where a tensor sketch forms them (2 MB: the passes stay in cache)
 
 
 @dataclass
@@ -389,7 +390,10 @@ class GhostEngine:
         cls = TensorSketch if self.sketch == "tensor" else TwoSidedProjection
         sketcher = self._sketcher(names, cls, d_out, d_in, state.seed, B.device)
         if not maps.factored:  # AdamW beyond the tolerance: the tensor sketch's hash on the formed P G_i
-            return torch.cat([sketcher.matrices(G) for G in self._materialised(pre, B, A)])
+            weights = pre.apply(sketcher.signs())  # C·D ⊙ s1(o)s2(i): the map and the hash's signs in one pass
+            rows = max(1, MATERIALISED_ELEMENTS // weights.numel())
+            return torch.cat([sketcher.signed_matrices(torch.einsum("lnto,lnti->nloi", B[:, i : i + rows], A[:, i : i + rows]).mul_(weights))
+                              for i in range(0, B.shape[1], rows)])
         if hasattr(pre, "token_scales"):  # elementwise token factors: fold the scales into the hashes' signs
             return sketcher(B, A, *pre.token_scales())
         return sketcher(*pre.token_factors(B, A))
