@@ -110,3 +110,14 @@ def test_tensor_sketch_of_matrices_is_its_count_sketch(block, m, layers, offsets
         want.index_add_(1, bins[layer], mats[layer].flatten(1) * signs[layer])
     torch.testing.assert_close(ts.matrices(mats), want, rtol=1e-4, atol=1e-5)
     torch.testing.assert_close(ts(b, a), want, rtol=1e-4, atol=1e-4)
+
+
+def test_opus_logs_the_real_sketch_error(tiny_corpus) -> None:
+    """Under AdamW the callback logs ρ, the factored layer count (0 by default) and the probed sketch error."""
+    from selection_callbacks.methods import OPUSSelection
+    from tests.test_opus import _fit
+
+    seen = _fit(tiny_corpus, OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256, sketch_check=4, sketch_check_every=5), steps=6)
+    checked = [r for r in seen.rows if "select/sketch_error" in r]
+    assert checked and all(0 < r["select/sketch_error"] < 1 and abs(r["select/sketch_norm_bias"]) < 1 for r in checked)
+    assert all(r["select/factored_layers"] == 0 and r["select/factor_rho"] > 0 and "select/factor_error" not in r for r in seen.rows)
