@@ -10,7 +10,9 @@ its own subprocess so peak RSS only rises within it:
   preconditioner, utilities and the same hash family applied to the materialised P G_i;
 - ``naive_full``: the same with all N per-sample gradients at once (no chunking): memory ∝ N;
 - ``floor``: one plain forward + backward over the same tokens (parameter ``.grad``).
-With ``--maps`` the engine is also timed with its other utility maps: ``engine_adamw_proxy_in_v``
+With ``--maps`` the engine is also timed with AdamW's sketch through the rank-1 factors of D in every
+layer (``engine_factored``, the engine's sketch before it formed P G_i of AdamW layers), with its other
+utility maps: ``engine_adamw_proxy_in_v``
 (AdamW with ḡ² in v), and on a Muon + AdamW optimizer ``engine_muon`` (Newton–Schulz VJPs at 8
 draws of a K = N/2 row batch), ``engine_muon_momentum`` (one VJP at the momentum) and
 ``engine_muon_frozen`` (utilities through the frozen Newton–Schulz map, the maps before the VJP).
@@ -102,17 +104,19 @@ class FrozenUtilities:
         return pre
 
 
-def prepare_engine_with(resolver: Callable) -> Callable:
-    """``prepare_engine`` with the resolver ``resolver(opt, args)``."""
+def prepare_engine_with(resolver: Callable, factor_tolerance: float = 0.0) -> Callable:
+    """``prepare_engine`` with the resolver ``resolver(opt, args)`` (and AdamW's sketch ``factor_tolerance``)."""
 
     def prepare(model, opt, rows, args) -> Callable[[], None]:
-        engine = GhostEngine(model, sketch_dim=args.sketch_dim, sketch="tensor", candidate_chunk=args.engine_chunk or None)
+        engine = GhostEngine(model, sketch_dim=args.sketch_dim, sketch="tensor", candidate_chunk=args.engine_chunk or None,
+                             factor_tolerance=factor_tolerance)
         return lambda: engine.score(row_losses(model), rows, args.n, resolver(opt, args))
 
     return prepare
 
 
 MAP_VARIANTS = {
+    "engine_factored": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt), factor_tolerance=float("inf")),
     "engine_adamw_proxy_in_v": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, "proxy_in_v")),
     "engine_muon": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2)),
     "engine_muon_momentum": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt)),

@@ -249,13 +249,26 @@ def test_bench_ghost_naive_baseline_scores_what_the_engine_scores() -> None:
 def test_sketch_error_compares_block_and_shared_layouts(tmp_path) -> None:
     from bench import sketch_error
 
-    out = sketch_error.main(["--ms", "32,128", "--seeds", "4", "--layers", "1", "--width", "64", "--n", "4",
+    out = sketch_error.main(["--mode", "layouts", "--ms", "32,128", "--seeds", "4", "--layers", "1", "--width", "64", "--n", "4",
                              "--out", str(tmp_path / "e.json")])
     assert json.loads((tmp_path / "e.json").read_text())["per_m"] == out["per_m"]
     small, large = out["per_m"]
     for row in out["per_m"]:
         assert 0 < row["blocks_rel_error"] < 1 and 0 < row["shared_rel_error"] < 1
     assert large["blocks_rel_error"] < small["blocks_rel_error"]  # more bins per layer, less error
+
+
+def test_sketch_error_over_training_stages(tmp_path) -> None:
+    """The stages bench at toy size: every state has the reference and the engine's sketches, and the table."""
+    from bench import sketch_error
+
+    out = sketch_error.main(["--steps", "2", "--beta2s", "0.95", "--seeds", "2", "--layers", "1", "--width", "64", "--n", "6",
+                             "--m", "256", "--out", str(tmp_path / "s.json")])
+    assert [(r["optimizer"], r["step"]) for r in out["states"]] == [("adamw", 2), ("muon", 2)]
+    for row in out["states"]:
+        assert 0 < row["count"]["abs_error"] < 1 and 0 < row["tensor"]["abs_error"] < 1
+    assert "factored" in out["states"][0] and out["states"][0]["tensor"]["factored_layers"] == 0
+    assert "| adamw | 0.95 | 2 |" in (tmp_path / "s.md").read_text()
 
 
 def test_offline_variants_set_the_selector_config(tiny_corpus, tmp_path) -> None:

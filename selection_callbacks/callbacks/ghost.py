@@ -95,6 +95,11 @@ class GhostSelection(SelectionCallback):
         sketch: ``"tensor"``, ``"count"`` or ``"two_sided"`` (see :class:`GhostEngine`).
         candidate_chunk: score candidates in passes of at most this many rows (the proxy rows ride
             with the first): activation memory flat in N (None: one pass over all rows, fastest).
+        factor_tolerance: AdamW layers are tensor-sketched through their rank-1 factors only where the
+            factorisation's relative error ρ is at most this (0: P G_i always formed; see :class:`GhostEngine`).
+        sketch_check: candidates whose exact P G_i are formed to measure the sketch's real error
+            (``select/sketch_error``, ``select/sketch_norm_bias``), every ``sketch_check_every`` scoring calls
+            (0 or fewer than 2: never).
         temperature: τ of the sequential draws (0: greedy).
         seed: selection seed (windows, proxy draws, sampling).
         k: keep exactly this many instead of ratio·N.
@@ -113,6 +118,9 @@ class GhostSelection(SelectionCallback):
         layers: list[str] | None = None,
         sketch: str = "tensor",
         candidate_chunk: int | None = None,
+        factor_tolerance: float = 0.0,
+        sketch_check: int = 8,
+        sketch_check_every: int = 100,
         temperature: float = 1.0,
         seed: int = 0,
         k: int | None = None,
@@ -123,6 +131,10 @@ class GhostSelection(SelectionCallback):
             raise ValueError(f"proxy_batch_size must be ≥ 1, got {proxy_batch_size}")
         self.score_len, self.sketch_dim, self.proxy_batch_size = score_len, sketch_dim, proxy_batch_size
         self.proxy_path, self.sketch, self.candidate_chunk = proxy, sketch, candidate_chunk
+        if sketch_check_every < 1:
+            raise ValueError(f"sketch_check_every must be ≥ 1, got {sketch_check_every}")
+        self.factor_tolerance, self.sketch_check, self.sketch_check_every = factor_tolerance, sketch_check, sketch_check_every
+        self._calls = 0
         self.include_embedding, self.include_head = include_embedding, include_head
         if layers is not None and not layers:
             raise ValueError("layers must name at least one pattern (None scores every layer)")
@@ -139,7 +151,7 @@ class GhostSelection(SelectionCallback):
         exclude = excluded_layers(module, self.include_embedding, self.include_head, self.layers)
         self.engine = GhostEngine(
             module, self.include_embedding, self.include_head, self.sketch_dim, self.sketch,  # type: ignore[arg-type]
-            exclude=exclude, candidate_chunk=self.candidate_chunk,
+            exclude=exclude, candidate_chunk=self.candidate_chunk, factor_tolerance=self.factor_tolerance,
         )
         if self.proxy_path is not None:
             self._proxy_split = self._load_proxy(getattr(trainer, "datamodule", None))
@@ -222,7 +234,9 @@ class GhostSelection(SelectionCallback):
         if self.engine is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not run: add the callback to the Trainer")
         resolver = self.preconditioner(trainer, k)
-        self._last = self.engine.score(lambda b: per_sample_loss(pl_module, b), rows, n, resolver, self.seed)
+        probe = self.sketch_check if self._calls % self.sketch_check_every == 0 else 0
+        self._calls += 1
+        self._last = self.engine.score(lambda b: per_sample_loss(pl_module, b), rows, n, resolver, self.seed, probe)
         return _scores_of(self._last, n, type(self).__name__)
 
     @override
@@ -231,8 +245,14 @@ class GhostSelection(SelectionCallback):
             return {}
         out = {"select/utility_raw_std": float(self._last.utilities.std()) if self._last.utilities.numel() > 1 else 0.0,
                "select/proxy_loss": float(self._last.losses[self._last.utilities.shape[0]:].mean())}
-        if self._last.factor_error:
-            out["select/factor_error"] = float(torch.stack(list(self._last.factor_error.values())).mean())
+        if self._last.relative_factor_error:  # AdamW layers: the rank-1 map's ρ, and how many sketches used it
+            out["select/factor_rho"] = float(torch.stack(list(self._last.relative_factor_error.values())).mean())
+            out["select/factored_layers"] = float(len(self._last.factored))
+        if self._last.factored:  # ‖D − r cᵀ‖/‖D‖ of the layers sketched through the factors (not the sketch's error)
+            out["select/factor_error"] = float(torch.stack([self._last.factor_error[n] for n in self._last.factored]).mean())
+        if self._last.sketch_error:  # the sketch as used, on the probed candidates
+            out["select/sketch_error"] = float(self._last.sketch_error["gram"])
+            out["select/sketch_norm_bias"] = float(self._last.sketch_error["sq_norm"])
         return out
 
 

@@ -21,7 +21,14 @@ these sizes); on a CPU each layer is scored alone (stacking only copies there). 
   may be evaluated at draws of the step's batch from the pass's candidates, :class:`CandidateDraws`);
 - exact utilities u_i = ⟨G_i, Q⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
 - optional m-dimensional sketches S_i with E⟨S_i, S_j⟩ = ⟨P G_i, P G_j⟩, summed over layers (a tensor
-  sketch gives each layer its own block of bins, in proportion to its size: its cost is linear in the block);
+  sketch gives each layer its own block of bins, in proportion to its size: its cost is linear in the block).
+  The tensor sketch hashes each token's factors P(b aᵀ) = b' a'ᵀ: exact for SGD and for Muon's frozen
+  Newton–Schulz map L g. AdamW's D ⊙ (b aᵀ) factors only through a rank-1 D ≈ r cᵀ, whose bias
+  grows with training (an output head's factored ‖P G_i‖² reaches 9.7× the exact at step 300), so an
+  AdamW layer is sketched through the factors only where ``DiagonalMap.relative_factor_error`` ≤
+  ``factor_tolerance``; elsewhere (by default everywhere) P G_i is formed in candidate chunks and
+  hashed with the same TensorSketch hash (:meth:`TensorSketch.matrices`): exact in expectation;
+- optional probe: the sketch's real error on the first few candidates, against their exact Gram;
 - optional squared norms ‖P G_i‖², by the T² Gram form where 2T² ≤ d_in·d_out, else materialised.
 """
 
@@ -41,6 +48,7 @@ from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSid
 
 SketchKind = Literal["tensor", "count", "two_sided"]
 STACK_ROW_ELEMENTS = 1 << 20  # numbers of captured a and b per row in one stack of layers
+MATERIALISED_ELEMENTS = 1 << 19  # numbers of formed P G_i per chunk where a tensor sketch forms them (2 MB: the passes stay in cache)
 
 
 @dataclass
@@ -53,7 +61,14 @@ class GhostScores:
         losses: [R] per-row losses (candidates then proxy).
         sketches: [N, m] or None.
         sq_norms: [N] Σ_layers ‖P G_i‖² or None.
-        factor_error: layer name → relative error of AdamW's rank-1 D ≈ r cᵀ (tensor/two-sided sketches).
+        factor_error: layer name → ‖D − r cᵀ‖_F/‖D‖_F of AdamW's rank-1 factorisation (tensor/two-sided sketches);
+            not the sketch's error (see ``relative_factor_error``, ``sketch_error``).
+        relative_factor_error: layer name → ρ of that factorisation (:attr:`DiagonalMap.relative_factor_error`).
+        factored: the AdamW layers whose sketch went through the rank-1 factors (the rest were formed exactly).
+        sketch_error: with ``probe`` = k: ``"gram"``, the mean over the k(k−1)/2 pairs of
+            |⟨S_i, S_j⟩ − ⟨P G_i, P G_j⟩| / (‖P G_i‖‖P G_j‖), and ``"sq_norm"``, the mean of ‖S_i‖²/‖P G_i‖² − 1
+            (signed), over the first k candidates against their materialised P G_i (the sketch as used:
+            hashing noise and any factorisation bias).
         shared: layers whose output has no row dimension (e.g. a position table): not scored.
     """
 
@@ -63,6 +78,9 @@ class GhostScores:
     sketches: torch.Tensor | None = None
     sq_norms: torch.Tensor | None = None
     factor_error: dict[str, torch.Tensor] = field(default_factory=dict)
+    relative_factor_error: dict[str, torch.Tensor] = field(default_factory=dict)
+    factored: list[str] = field(default_factory=list)
+    sketch_error: dict[str, torch.Tensor] = field(default_factory=dict)
     shared: list[str] = field(default_factory=list)
 
 
@@ -154,8 +172,12 @@ class GhostEngine:
             A head tied to the embedding is one weight: either flag scores it, over both uses.
         sketch_dim: m; 0 disables sketches. With ``"tensor"`` each scored layer owns a block of the
             bins in proportion to its weight size (:func:`sketch_blocks`), at least one.
-        sketch: ``"tensor"`` (TensorSketch; AdamW through its rank-1 factorised D), ``"count"``
-            (exact CountSketch of materialised P G_i, the reference) or ``"two_sided"``.
+        sketch: ``"tensor"`` (TensorSketch of the token factors; AdamW layers per ``factor_tolerance``), ``"count"``
+            (exact CountSketch of materialised P G_i, the reference) or ``"two_sided"`` (AdamW through its
+            rank-1 factorised D).
+        factor_tolerance: with ``"tensor"``, an AdamW stack is sketched through its rank-1 factors where its
+            largest ρ (:attr:`DiagonalMap.relative_factor_error`) is at most this (one device sync per stack
+            and call), else from P G_i formed in ``chunk``-candidate chunks (0: always formed, unbiased).
         norms: also compute ‖P G_i‖².
         chunk: candidates per chunk where per-sample matrices are materialised.
         exclude: module names not to score (e.g. a layer applied twice per forward).
@@ -180,6 +202,7 @@ class GhostEngine:
         exclude: tuple[str, ...] = (),
         candidate_chunk: int | None = None,
         stack_layers: bool | None = None,
+        factor_tolerance: float = 0.0,
     ) -> None:
         if sketch not in ("tensor", "count", "two_sided"):
             raise ValueError(f"unknown sketch {sketch!r}; choose tensor, count or two_sided")
@@ -196,7 +219,7 @@ class GhostEngine:
         sizes = [module.weight.numel() for _, module in owners]
         self._blocks = dict(zip([name for name, _ in owners], sketch_blocks(sizes, sketch_dim))) if sketch == "tensor" and sketch_dim else {}
         self.sketch_dim, self.sketch, self.norms, self.chunk = sketch_dim, sketch, norms, chunk
-        self.candidate_chunk, self.stack_layers = candidate_chunk, stack_layers
+        self.candidate_chunk, self.stack_layers, self.factor_tolerance = candidate_chunk, stack_layers, factor_tolerance
         self._modules = dict(self.layers)
         self._index = {name: i for i, (name, _) in enumerate(self.layers)}
         self._sketchers: dict[tuple, object] = {}
@@ -209,12 +232,14 @@ class GhostEngine:
         n_candidates: int,
         preconditioner: Resolver,
         seed: int = 0,
+        probe: int = 0,
     ) -> GhostScores:
         """Scores of ``rows`` (candidates first, then ≥ 1 proxy rows).
 
         One forward/backward over all rows, or, with ``candidate_chunk`` = c < N, one over the
         first c candidates and the proxy rows (which fix each layer's P and Q), then one per
-        further chunk of c candidates.
+        further chunk of c candidates. ``probe`` = k ≥ 2 (with sketches) also forms P G_i of the first
+        min(k, c) candidates in every layer and reports the sketch's error on them (``sketch_error``).
         """
         n_rows = rows["input_ids"].shape[0]
         if not 0 < n_candidates < n_rows:
@@ -222,7 +247,9 @@ class GhostEngine:
         maps: dict[tuple[str, ...], _LayerMaps] = {}
         c = min(self.candidate_chunk or n_candidates, n_candidates)
         first = rows if c == n_candidates else _take(rows, torch.cat([torch.arange(c), torch.arange(n_candidates, n_rows)]), n_rows)
-        passes = [self._pass(loss_fn, first, _PassState(c, n_rows - n_candidates, preconditioner, seed, maps))]
+        head = _PassState(c, n_rows - n_candidates, preconditioner, seed, maps)
+        head.probe = min(probe, c) if self.sketch_dim and probe >= 2 else 0
+        passes = [self._pass(loss_fn, first, head)]
         for lo in range(c, n_candidates, c):
             hi = min(lo + c, n_candidates)
             state = _PassState(hi - lo, 0, preconditioner, seed, maps)
@@ -233,14 +260,19 @@ class GhostEngine:
         layer_utilities = {name: torch.cat([s.utilities[name] for s in passes]) for name in order}
         sketches = [s.sketch for s in passes if s.sketch is not None]
         norms = [s.sq_norms for s in passes if s.sq_norms is not None]
+        per_layer = lambda key: {name: getattr(m, key)[i] for names, m in maps.items() if getattr(m, key) is not None
+                                 for i, name in enumerate(names)}
         return GhostScores(
             utilities=torch.stack(list(layer_utilities.values())).sum(0),
             layer_utilities=layer_utilities,
             losses=losses,
             sketches=torch.cat(sketches) if sketches else None,
             sq_norms=torch.cat(norms) if norms else None,
-            factor_error={name: m.factor_error[i] for names, m in maps.items() if m.factor_error is not None
-                          for i, name in enumerate(names)},
+            factor_error=per_layer("factor_error"),
+            relative_factor_error=per_layer("relative_factor_error"),
+            factored=sorted((name for names, m in maps.items() if m.factor_error is not None and m.factored for name in names),
+                            key=self._index.__getitem__),
+            sketch_error=_probe_errors(sketches[0][: head.probe], head.probe_gram) if head.probe else {},
             shared=passes[0].shared,
         )
 
@@ -377,10 +409,13 @@ class GhostEngine:
                 bias_pg = maps.bias_pre.apply(g_bias)
         state.utilities.update(zip(names, u.unbind(0)))
         if self.sketch_dim:
-            state.add_sketch(self._sketch_linear(names, maps.pre, B, A, state))
+            state.add_sketch(self._sketch_linear(names, maps, B, A, state))
             if bias_pg is not None:
                 cs = self._sketcher(tuple(n + ".bias" for n in names), CountSketch, bias_pg.shape[-1], 1, state.seed, B.device)
                 state.add_sketch(cs(bias_pg[..., None]))
+            if state.probe:
+                k = state.probe
+                state.add_probe(*self._materialised(maps.pre, B[:, :k], A[:, :k], chunk=k), *(() if bias_pg is None else (bias_pg[:, :k],)))
         if self.norms:
             sq = self._sq_norms(maps.pre, B, A).sum(0)
             state.add_norm(sq if bias_pg is None else sq + bias_pg.pow(2).sum((0, 2)))
@@ -408,9 +443,17 @@ class GhostEngine:
             gbar_bias = out[:, n:].sum(2).mean(1)
             maps.bias_pre = state.resolve([m.bias for m in modules], gbar_bias)
             maps.Q_bias = maps.bias_pre.utility_vector(gbar_bias)
-        if self.sketch_dim and self.sketch != "count" and isinstance(pre, DiagonalMap):
-            maps.factor_error = pre.factor_error
+        self._choose_sketch_path(maps)
         return maps
+
+    def _choose_sketch_path(self, maps: "_LayerMaps") -> None:
+        """For an AdamW map sketched by hashing: its factor errors, and whether the sketch goes through the rank-1
+        factors (two-sided always; tensor where ρ ≤ ``factor_tolerance``) or through the formed P G_i."""
+        pre = maps.pre
+        if self.sketch_dim and self.sketch != "count" and isinstance(pre, DiagonalMap):
+            maps.factor_error, maps.relative_factor_error = pre.factor_error, pre.relative_factor_error
+            maps.factored = self.sketch == "two_sided" or (
+                self.factor_tolerance > 0 and float(maps.relative_factor_error.max()) <= self.factor_tolerance)
 
     def _tied_scores(self, names: tuple[str, ...], state: "_PassState") -> None:
         """One weight W shared by the layers ``names`` (a head tied to the token embedding), scored once under
@@ -440,8 +483,7 @@ class GhostEngine:
             if any(kind == "embedding" for kind, *_ in uses) and not isinstance(pre, (DiagonalMap, ScalarMap)):
                 raise TypeError(f"embedding {first!r} is preconditioned by {type(pre).__name__}; only elementwise maps apply")
             maps = state.maps[(first,)] = _LayerMaps(pre, pre.utility_vector(gbar))
-            if self.sketch_dim and self.sketch != "count" and isinstance(pre, DiagonalMap):
-                maps.factor_error = pre.factor_error
+            self._choose_sketch_path(maps)
         if N == 0:
             return
         pre, u, mats = maps.pre, 0.0, []
@@ -457,7 +499,7 @@ class GhostEngine:
                 B, A = left[:, :N], right[:, :N]
                 u = u + _linear_utilities(B, A, maps.Q)[0]
                 if self.sketch_dim:
-                    state.add_sketch(self._sketch_linear((first,), pre, B, A, state))
+                    state.add_sketch(self._sketch_linear((first,), maps, B, A, state))
                 mats.append(G[0] for G in self._materialised(pre, B, A))
         state.utilities[first] = u
         if self.norms:
@@ -473,18 +515,24 @@ class GhostEngine:
             self._sketchers[key] = cls(self.sketch_dim, d_out, d_in, seed, layers, device, **blocks)
         return self._sketchers[key]
 
-    def _materialised(self, pre: Preconditioner, B: torch.Tensor, A: torch.Tensor):
-        """P G_i [L, chunk, d_out, d_in] in candidate chunks."""
-        for i in range(0, B.shape[1], self.chunk):
-            yield pre.apply(torch.einsum("lnto,lnti->lnoi", B[:, i : i + self.chunk], A[:, i : i + self.chunk]))
+    def _materialised(self, pre: Preconditioner, B: torch.Tensor, A: torch.Tensor, chunk: int | None = None):
+        """P G_i [L, chunk, d_out, d_in] in candidate chunks (of ``chunk``, default the engine's)."""
+        chunk = chunk or self.chunk
+        for i in range(0, B.shape[1], chunk):
+            yield pre.apply(torch.einsum("lnto,lnti->lnoi", B[:, i : i + chunk], A[:, i : i + chunk]))
 
-    def _sketch_linear(self, names: tuple[str, ...], pre: Preconditioner, B: torch.Tensor, A: torch.Tensor, state: "_PassState") -> torch.Tensor:
-        d_out, d_in = B.shape[-1], A.shape[-1]
+    def _sketch_linear(self, names: tuple[str, ...], maps: "_LayerMaps", B: torch.Tensor, A: torch.Tensor, state: "_PassState") -> torch.Tensor:
+        d_out, d_in, pre = B.shape[-1], A.shape[-1], maps.pre
         if self.sketch == "count":
             cs = self._sketcher(names, CountSketch, d_out, d_in, state.seed, B.device)
             return torch.cat([cs(G) for G in self._materialised(pre, B, A)])
         cls = TensorSketch if self.sketch == "tensor" else TwoSidedProjection
         sketcher = self._sketcher(names, cls, d_out, d_in, state.seed, B.device)
+        if not maps.factored:  # AdamW beyond the tolerance: the tensor sketch's hash on the formed P G_i
+            weights = pre.apply(sketcher.signs())  # C·D ⊙ s1(o)s2(i): the map and the hash's signs in one pass
+            rows = max(1, MATERIALISED_ELEMENTS // weights.numel())
+            return torch.cat([sketcher.signed_matrices(torch.einsum("lnto,lnti->nloi", B[:, i : i + rows], A[:, i : i + rows]).mul_(weights))
+                              for i in range(0, B.shape[1], rows)])
         if hasattr(pre, "token_scales"):  # elementwise token factors: fold the scales into the hashes' signs
             return sketcher(B, A, *pre.token_scales())
         return sketcher(*pre.token_factors(B, A))
@@ -514,6 +562,8 @@ class GhostEngine:
         rows = self._embedding_rows(pre, ids, B)
         if self.sketch_dim:
             state.add_sketch(self._embedding_sketch(name, ids, rows, V, state))
+            if state.probe:
+                state.add_probe(torch.cat(list(self._embedding_mats(ids[: state.probe], rows[: state.probe], V)))[None])
         if self.norms:
             state.add_norm(torch.cat([G.pow(2).sum((1, 2)) for G in self._embedding_mats(ids, rows, V)]))
 
@@ -564,13 +614,15 @@ class CandidateDraws:
 @dataclass
 class _LayerMaps:
     """What the proxy rows fix for a group of L stacked layers: the map P, the utility vector
-    Q = −Jᵀḡ [L, ...], the bias terms, AdamW's factor error [L]."""
+    Q = −Jᵀḡ [L, ...], the bias terms, AdamW's factor errors [L] and whether its sketch goes through the factors."""
 
     pre: Preconditioner
     Q: torch.Tensor
     bias_pre: Preconditioner | None = None
     Q_bias: torch.Tensor | None = None
     factor_error: torch.Tensor | None = None
+    relative_factor_error: torch.Tensor | None = None
+    factored: bool = True
 
 
 class _PassState:
@@ -589,6 +641,8 @@ class _PassState:
         self.losses: torch.Tensor | None = None
         self.sketch: torch.Tensor | None = None
         self.sq_norms: torch.Tensor | None = None
+        self.probe = 0  # candidates whose exact Gram this pass accumulates
+        self.probe_gram: torch.Tensor | None = None
 
     def proxy_rows(self) -> int:
         """P of this pass; a layer's map is fixed in the pass that carries the proxy rows."""
@@ -601,6 +655,22 @@ class _PassState:
 
     def add_norm(self, v: torch.Tensor) -> None:
         self.sq_norms = v if self.sq_norms is None else self.sq_norms + v
+
+    def add_probe(self, *pg: torch.Tensor) -> None:
+        """Adds Σ ⟨P G_i, P G_j⟩ of the probed candidates' exact P G_i, each [L, k, ...]."""
+        for x in pg:
+            flat = x.float().transpose(0, 1).flatten(1)
+            gram = flat @ flat.T
+            self.probe_gram = gram if self.probe_gram is None else self.probe_gram + gram
+
+
+def _probe_errors(S: torch.Tensor, exact: torch.Tensor) -> dict[str, torch.Tensor]:
+    """The sketch's error on k probed candidates: S [k, m] against their exact Gram [k, k] (see ``GhostScores``)."""
+    est, k = S.float() @ S.float().T, S.shape[0]
+    diag = exact.diagonal()
+    iu = torch.triu_indices(k, k, 1, device=S.device)
+    rel = (est - exact).abs() / torch.outer(diag, diag).sqrt()
+    return {"gram": rel[iu[0], iu[1]].mean(), "sq_norm": (est.diagonal() / diag - 1).mean()}
 
 
 def _linear_utilities(B: torch.Tensor, A: torch.Tensor, Q: torch.Tensor) -> torch.Tensor:

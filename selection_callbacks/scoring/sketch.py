@@ -89,9 +89,34 @@ class TensorSketch:
         fa = rows_matmul(b[None].float(), self.f2)
         return self._place((_complex(self.f1[:, ids]) * _complex(fa)).sum(2))
 
+    def signs(self) -> torch.Tensor:
+        """[L, d_out, d_in] s1(o)·s2(i): the sign of each weight entry (to fold into a map applied to formed matrices)."""
+        return self.s1[:, :, None] * self.s2[:, None, :]
+
+    def matrices(self, mats: torch.Tensor) -> torch.Tensor:
+        """mats [L, N, d_out, d_in] → [N, m]: the same CountSketch of explicit matrices (e.g. a materialised P G_i)."""
+        return self.signed_matrices(mats.float().mul(self.signs()[:, None]).transpose(0, 1))
+
+    def signed_matrices(self, signed: torch.Tensor) -> torch.Tensor:
+        """signed [N, L, d_out, d_in], the matrices times :meth:`signs` → [N, m], their CountSketch under this hash.
+
+        Two scatters: rows into their bins, Y[j, i] = Σ_{h1(o)=j} (s M)[o, i] (N·d_out·d_in adds), then
+        column i of Y into bin (j + h2(i)) mod n (N·n·d_in adds).
+        """
+        N, L, d_out, d_in = signed.shape
+        lanes = torch.arange(L, device=signed.device)[:, None] * self.n
+        rows = torch.zeros(N, L * self.n, d_in, device=signed.device)
+        rows.index_add_(1, (lanes + self.h1).flatten(), signed.reshape(N, L * d_out, d_in))
+        bins = lanes[:, :, None] + (torch.arange(self.n, device=signed.device)[:, None] + self.h2[:, None, :]) % self.n  # [L, n, d_in]
+        out = torch.zeros(N, L * self.n, device=signed.device).index_add_(1, bins.flatten(), rows.flatten(1))
+        return self._place_bins(out.unflatten(1, (L, self.n)).transpose(0, 1))
+
     def _place(self, spectrum: torch.Tensor) -> torch.Tensor:
         """[L, N, n//2 + 1] per-layer spectra → [N, m]: each layer's count sketch in its block."""
-        sketches = torch.fft.irfft(spectrum, n=self.n)  # [L, N, n]
+        return self._place_bins(torch.fft.irfft(spectrum, n=self.n))
+
+    def _place_bins(self, sketches: torch.Tensor) -> torch.Tensor:
+        """[L, N, n] per-layer count sketches → [N, m]: each in its block (or all summed over the m bins)."""
         if self.n == self.m:
             return sketches.sum(0)
         out = sketches.new_zeros(sketches.shape[1], self.m)
