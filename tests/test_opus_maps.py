@@ -22,7 +22,7 @@ from scipy.stats import spearmanr
 from torch.optim._muon import _adjust_lr
 
 from bench.utility_ranking import (
-    CFG, K, MUON_LR, MUON_MU, N_CAND, N_PROXY, NS, POOL, TARGET, TRAIN_BATCH, FrozenMaps, RealStep, cat, make_optimizer, ns64,
+    CFG, K, MUON_LR, MUON_MU, N_PROXY, NS, POOL, TARGET, TRAIN_BATCH, FrozenMaps, RealStep, cat, make_optimizer, ns64,
     per_sample_grads, probe, relative, train_step, windows,
 )
 from selection_callbacks.methods import OPUSSelection
