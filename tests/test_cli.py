@@ -58,7 +58,7 @@ OLD_RUNS = [
     (("selection_callbacks.data.default_corpus",), ("corpus",)),
     (("selection_callbacks.data.package_corpus",), ("packages",)),
 ]
-BENCH = ("compare", "datamask_scale", "equal_wall", "ghost", "headline", "sketch_error", "steptime")
+BENCH = ("compare", "datamask_scale", "equal_wall", "ghost", "headline", "sketch_error", "steptime", "utility_ranking")
 
 
 def _flat(text: str) -> str:

@@ -6,166 +6,50 @@ effect_i = −⟨Δθ(K/(K+1)·ḡ_B + g_i/(K+1)) − Δθ(K/(K+1)·ḡ_B), ḡ_
 change of one step of a float64 copy of the optimizer fed gradient g, summed over the parameters
 the engine scores. Torch's Muon iterates Newton–Schulz in bfloat16, whose rounding swamps one
 candidate's share; the reference runs the same coefficients and steps in float64 (checked against
-torch's own step to bfloat16 tolerance).
+torch's own step to bfloat16 tolerance). The machinery is bench.utility_ranking's, whose bench runs it over
+more stages, AdamW's β₂ and the map variants.
 """
 
 from __future__ import annotations
 
-import copy
+import json
 import statistics
 from types import SimpleNamespace
 
-import numpy as np
 import pytest
 import torch
-import torch.nn.functional as F
 from scipy.stats import spearmanr
-from torch.func import functional_call, grad, vmap
 from torch.optim._muon import _adjust_lr
 
-import torch.optim._muon as torch_muon
-from selection_callbacks.data.tokenizer import ByteTokenizer
+from bench.utility_ranking import (
+    CFG, K, MUON_LR, MUON_MU, N_PROXY, NS, POOL, TARGET, TRAIN_BATCH, FrozenMaps, RealStep, cat, make_optimizer, ns64,
+    per_sample_grads, probe, relative, train_step, windows,
+)
 from selection_callbacks.methods import OPUSSelection
-from selection_callbacks.nn.gpt import GPT, GPTConfig
-from selection_callbacks.nn.optim import build_optimizer
+from selection_callbacks.nn.gpt import GPT
 from selection_callbacks.scoring.ghost import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import TENSOR_FLOOR, NewtonSchulz, OptimizerPreconditioner
-from tests.conftest import make_docs
+from selection_callbacks.scoring.preconditioners import TENSOR_FLOOR, OptimizerPreconditioner
 
-T = 16
-CFG = GPTConfig(vocab_size=320, block_size=T, n_layer=1, n_head=2, n_embd=32)
-K, N_CAND, N_PROXY, TRAIN_BATCH = 16, 32, 8, 8
-LR, WD, BETAS, MUON_LR, MUON_MU = 3e-3, 0.1, (0.9, 0.95), 0.02, 0.95
 STEPS, SEEDS = (5, 300), (0, 1, 2)
 # torch's bfloat16 Newton–Schulz is 4–7% (relative Frobenius) from exact arithmetic on these momenta,
 # float32 2e-6: five steps of a polynomial with slope 3.4 at 0 amplify bfloat16's 2⁻⁸ rounding
 BF16_STEP = 0.1
-NS = NewtonSchulz((torch_muon.DEFAULT_A, torch_muon.DEFAULT_B, torch_muon.DEFAULT_C), torch_muon.DEFAULT_NS_STEPS, torch_muon.EPS)
 
 
-def stream(docs: list[dict]) -> torch.Tensor:
-    tok = ByteTokenizer()
-    return torch.from_numpy(np.concatenate([tok.encode_document(d["text"]) for d in docs]).astype(np.int64))
-
-
-POOL = stream(make_docs("p", 240, 0))  # prose and printable noise
-TARGET = stream(make_docs("t", 40, 1, ("prose",)))
-
-
-def windows(ids: torch.Tensor, n: int, gen: torch.Generator) -> dict[str, torch.Tensor]:
-    starts = torch.randint(0, ids.numel() - T - 1, (n,), generator=gen)
-    rows = torch.stack([ids[s : s + T + 1] for s in starts.tolist()])
-    return {"input_ids": rows[:, :-1], "labels": rows[:, 1:]}
-
-
-def cat(*batches: dict) -> dict:
-    return {k: torch.cat([b[k] for b in batches]) for k in batches[0]}
-
-
-def make_optimizer(model: torch.nn.Module, name: str) -> torch.optim.Optimizer:
-    return build_optimizer(model, name, LR, WD, BETAS, MUON_LR, MUON_MU, 0.0)
-
-
-def per_sample_grads(model: torch.nn.Module, batch: dict) -> dict[str, torch.Tensor]:
-    params = {k: v.detach() for k, v in model.named_parameters()}
-
-    def single(p, x, y):
-        return F.cross_entropy(functional_call(model, p, (x[None],))[0], y)
-
-    return vmap(grad(single), in_dims=(None, 0, 0))(params, batch["input_ids"], batch["labels"])
-
-
-def ns64(g: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float) -> torch.Tensor:
-    """Torch's Newton–Schulz steps with its coefficients, in float64 (the reference's Muon)."""
-    a, b, c = coefficients
-    tall = g.shape[-2] > g.shape[-1]
-    X = (g.mT if tall else g).double()
-    X = X / torch.linalg.matrix_norm(X).clamp(min=eps)[..., None, None]
-    for _ in range(steps):
-        A = X @ X.mT
-        X = a * X + (b * A + c * A @ A) @ X
-    return X.mT if tall else X
-
-
-class RealStep:
-    """Δθ(g) of one step of a float64 copy of ``opt`` (state restored after every step)."""
-
-    def __init__(self, model: torch.nn.Module, opt: torch.optim.Optimizer, name: str) -> None:
-        self.model = copy.deepcopy(model).double()
-        self.opt = make_optimizer(self.model, name)
-        self.opt.load_state_dict(opt.state_dict())
-        self.state = copy.deepcopy(self.opt.state_dict())
-        self.params = dict(self.model.named_parameters())
-        self.theta = {k: p.detach().clone() for k, p in self.params.items()}
-
-    @torch.no_grad()
-    def __call__(self, g: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-        self.opt.load_state_dict(copy.deepcopy(self.state))  # load_state_dict keeps float64 tensors, which step mutates
-        for k, p in self.params.items():
-            p.grad = g[k].clone()
-        self.opt.step()
-        delta = {k: p - self.theta[k] for k, p in self.params.items()}
-        for k, p in self.params.items():
-            p.copy_(self.theta[k])
-            p.grad = None
-        return delta
-
-
-def relative(a: torch.Tensor, b: torch.Tensor) -> float:
-    return float((a - b).norm() / b.norm())
-
-
-class FrozenMaps:
-    """The maps before the derivative: utilities ⟨P G_i, ḡ⟩ through the frozen, self-adjoint P
-    (AdamW with ḡ² in v, Muon's Newton–Schulz frozen at the momentum)."""
-
-    def __init__(self, opt: torch.optim.Optimizer) -> None:
-        self.inner = OptimizerPreconditioner(opt, "proxy_in_v")
-
-    def group_key(self, param):
-        return self.inner.group_key(param)
-
-    def __call__(self, params, gbar, step=None):
-        pre = self.inner(params, gbar)
-        pre.utility_vector = pre.apply
-        return pre
-
-
-def spearman_against_real_step(model, opt, name: str, gen: torch.Generator, monkeypatch) -> tuple[dict[str, float], float]:
+def spearman_against_real_step(model, opt, name: str, gen: torch.Generator) -> tuple[dict[str, float], float]:
     """(Spearman against the real step's effects of OPUS's utilities with Muon's derivative at the batch point, at
     the momentum alone (the default), and of the frozen maps; relative error of the float64 Muon step against
     torch's own)."""
-    base, cands, proxy = windows(POOL, K, gen), windows(POOL, N_CAND, gen), windows(TARGET, N_PROXY, gen)
-    engine = GhostEngine(model, include_embedding=True, include_head=True)
     trainer = SimpleNamespace(optimizers=[opt], accumulate_grad_batches=1)
-    resolvers = {"batch": OPUSSelection(muon_point="batch").preconditioner(trainer, K),
-                 "momentum": OPUSSelection().preconditioner(trainer, K), "frozen": FrozenMaps(opt)}
-    utilities = {k: engine.score(row_losses(model), cat(cands, proxy), N_CAND, r).utilities for k, r in resolvers.items()}
-    scored = [f"{name}.weight" for name, _ in engine.layers if name != "wpe"]  # the position table is shared by all rows
-
-    step = RealStep(model, opt, name)
-    G = per_sample_grads(step.model, cat(base, cands, proxy))
-    g_base = {k: v[:K].mean(0) * K / (K + 1) for k, v in G.items()}
-    g_proxy = {k: v[K + N_CAND :].mean(0) for k, v in G.items()}
-    bf16_error = 0.0
-    with monkeypatch.context() as patch:
-        if name == "muon":
-            muon = [k for k, p in step.params.items() if any(p is q for g in step.opt.muon.param_groups for q in g["params"])]
-            torch_delta = step(g_base)
-            patch.setattr(torch_muon, "_zeropower_via_newtonschulz", ns64)
-            f64_delta = step(g_base)
-            bf16_error = max(relative(f64_delta[k], torch_delta[k]) for k in muon)
-        ref = step(g_base)
-        effect = []
-        for i in range(N_CAND):
-            delta = step({k: g_base[k] + G[k][K + i] / (K + 1) for k in G})
-            effect.append(-sum(float(((delta[k] - ref[k]) * g_proxy[k]).sum()) for k in scored))
-    return {k: float(spearmanr(u.numpy(), effect).statistic) for k, u in utilities.items()}, bf16_error
+    variants = {"batch": OPUSSelection(muon_point="batch").preconditioner(trainer, K),
+                "momentum": OPUSSelection().preconditioner(trainer, K), "frozen": FrozenMaps(opt)}
+    got = probe(model, opt, name, variants, gen)
+    return {k: float(spearmanr(u, got.effect).statistic) for k, u in got.utilities.items()}, got.bf16_error
 
 
 @pytest.mark.parametrize("name", ["adamw", "muon"])
-def test_utilities_rank_like_the_real_step(name: str, monkeypatch) -> None:
+def test_utilities_rank_like_the_real_step(name: str) -> None:
     rho: dict[int, list[dict[str, float]]] = {s: [] for s in STEPS}
     for seed in SEEDS:
         torch.manual_seed(seed)
@@ -173,11 +57,9 @@ def test_utilities_rank_like_the_real_step(name: str, monkeypatch) -> None:
         opt = make_optimizer(model, name)
         gen = torch.Generator().manual_seed(100 + seed)
         for step in range(1, max(STEPS) + 1):
-            opt.zero_grad()
-            row_losses(model)(windows(POOL, TRAIN_BATCH, gen)).mean().backward()
-            opt.step()
+            train_step(model, opt, gen)
             if step in STEPS:
-                got, bf16_error = spearman_against_real_step(model, opt, name, torch.Generator().manual_seed(7 * seed + step), monkeypatch)
+                got, bf16_error = spearman_against_real_step(model, opt, name, torch.Generator().manual_seed(7 * seed + step))
                 assert bf16_error < BF16_STEP  # the float64 Newton–Schulz is torch's step up to its bfloat16 rounding
                 rho[step].append(got)
                 print(f"{name} seed {seed} step {step}: Spearman", {k: round(v, 3) for k, v in got.items()}, f"(bf16 step error {bf16_error:.3f})")
@@ -193,9 +75,7 @@ def test_newton_schulz_copy_reproduces_torch_muon_step() -> None:
     opt = make_optimizer(model, "muon")
     gen = torch.Generator().manual_seed(0)
     for _ in range(3):
-        opt.zero_grad()
-        row_losses(model)(windows(POOL, TRAIN_BATCH, gen)).mean().backward()
-        opt.step()
+        train_step(model, opt, gen)
     opt.zero_grad()
     row_losses(model)(windows(POOL, TRAIN_BATCH, gen)).mean().backward()
     muon = opt.muon.param_groups[0]["params"]
@@ -228,9 +108,7 @@ def test_adamw_map_is_the_derivative_of_torch_step_at_frozen_moments() -> None:
     opt = make_optimizer(model, "adamw")
     gen = torch.Generator().manual_seed(0)
     for _ in range(5):
-        opt.zero_grad()
-        row_losses(model)(windows(POOL, TRAIN_BATCH, gen)).mean().backward()
-        opt.step()
+        train_step(model, opt, gen)
     step = RealStep(model, opt, "adamw")
     zero = {k: torch.zeros_like(p) for k, p in step.params.items()}
     h = {k: torch.randn(p.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) for k, p in step.params.items()}
@@ -274,9 +152,7 @@ def test_muon_batch_point_utilities_match_brute_force(stack: bool) -> None:
     opt = make_optimizer(model, "muon")
     gen = torch.Generator().manual_seed(0)
     for _ in range(3):
-        opt.zero_grad()
-        row_losses(model)(windows(POOL, TRAIN_BATCH, gen)).mean().backward()
-        opt.step()
+        train_step(model, opt, gen)
     n, rows, draws, seed = 6, 4, 3, 5
     batch = cat(windows(POOL, n, gen), windows(TARGET, N_PROXY, gen))
     engine = GhostEngine(model, stack_layers=stack)
@@ -294,3 +170,24 @@ def test_muon_batch_point_utilities_match_brute_force(stack: bool) -> None:
         q = _adjust_lr(MUON_LR, None, p.shape) * coef * NS.vjp(points, gbar.expand_as(points)).mean(0)
         want = (G[name][:n] * q).flatten(1).sum(1)
         torch.testing.assert_close(got.layer_utilities[layer], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
+
+
+def test_utility_ranking_bench_smoke(tmp_path) -> None:
+    """One configuration, stage and seed of the bench: its JSON and table carry every variant's ρ and top-K overlap."""
+    from bench import utility_ranking
+
+    out = tmp_path / "ranking"
+    result = utility_ranking.main(["--steps", "5", "--seeds", "0", "--beta2s", "0.95", "--muon", "false", "--out", str(out)])
+    saved = json.loads(out.with_suffix(".json").read_text())
+    assert saved["config"]["steps"] == [5] and saved["config"]["seeds"] == [0]
+    assert set(saved) >= {"config", "machine", "seconds", "states", "summary"} and saved["seconds"] > 0
+    (state,) = saved["states"]
+    assert (state["optimizer"], state["beta2"], state["step"], state["seed"]) == ("adamw", 0.95, 5, 0)
+    assert set(state["variants"]) == set(utility_ranking.VARIANTS["adamw"])
+    for v in state["variants"].values():
+        assert -1 <= v["spearman"] <= 1 and 0 <= v["top_k"] <= K
+    assert [(r["variant"], r["spearman"], r["top_k"]) for r in saved["summary"]] == [
+        (k, [v["spearman"]], [v["top_k"]]) for k, v in state["variants"].items()]
+    table = out.with_suffix(".md").read_text()
+    assert all(f"| AdamW β₂ = 0.95 | 5 | {k} |" in table for k in state["variants"]) and "the run took" in table
+    assert result["summary"] == saved["summary"]
