@@ -3,7 +3,7 @@
     python -m bench.utility_ranking --out bench/results/ghost/utility-ranking
 
 A tiny GPT (1 block, width 32, 16-token rows, byte vocabulary) trains on the test suite's deterministic
-prose-and-noise documents (``tests.conftest.make_docs``, so the states are those of
+prose-and-noise documents (``bench.toy_corpus.make_docs``, so the states are those of
 tests/test_opus_maps.py) under a real torch optimizer: AdamW with β = (0.9, β₂) per ``--beta2s``, and
 Muon on the hidden matrices with AdamW (β₂ = 0.95) on the rest. At each of ``--steps`` and for every
 seed of ``--seeds``, a base batch of K = 16 rows, N = 32 candidates and 8 proxy rows from the target
@@ -58,7 +58,7 @@ from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.preconditioners import NewtonSchulz, OptimizerPreconditioner
-from tests.conftest import make_docs
+from bench.toy_corpus import make_docs
 
 T = 16
 CFG = GPTConfig(vocab_size=320, block_size=T, n_layer=1, n_head=2, n_embd=32)

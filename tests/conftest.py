@@ -3,10 +3,11 @@
 from __future__ import annotations
 
 import json
-import random
 from pathlib import Path
 
 import pytest
+
+from bench.toy_corpus import make_docs
 
 _bad_skips: list[str] = []
 
@@ -28,26 +29,9 @@ def pytest_terminal_summary(terminalreporter) -> None:
             terminalreporter.write_line(f"  {nodeid}")
 
 
-WORDS = "the model reads data and learns which tokens follow from the context it has seen before".split()
-
-
 def write_jsonl(path: Path, rows: list[dict]) -> Path:
     path.write_text("".join(json.dumps(r) + "\n" for r in rows))
     return path
-
-
-def make_docs(prefix: str, n: int, seed: int, domains: tuple[str, ...] = ("prose", "noise"), length: int = 400) -> list[dict]:
-    """Small deterministic documents: word prose or random printable noise."""
-    r = random.Random(seed)
-    rows = []
-    for i in range(n):
-        domain = domains[i % len(domains)]
-        if domain == "noise":
-            text = "".join(chr(r.randint(33, 126)) for _ in range(length))
-        else:
-            text = " ".join(r.choice(WORDS) for _ in range(length // 5))
-        rows.append({"id": f"{prefix}{i}", "text": text, "domain": domain})
-    return rows
 
 
 @pytest.fixture(scope="session")
