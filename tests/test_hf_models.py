@@ -143,7 +143,8 @@ def _run(corpus: dict[str, str], root: Path, name: str, method: str, optimizer: 
 
 @pytest.mark.parametrize("name", MODELS)
 @pytest.mark.parametrize("method, optimizer", [("random", "adamw"), ("random", "muon"), ("high_loss", "adamw"),
-                                               ("high_loss", "muon")])
+                                               ("high_loss", "muon"), ("oracle", "adamw"), ("opus_greedy", "muon"),
+                                               ("rho", "adamw"), ("classact", "muon"), ("classact_report", "adamw")])
 def test_train_py_runs_each_model(tiny_corpus, tmp_path: Path, name: str, method: str, optimizer: str) -> None:
     metrics = _run(tiny_corpus, tmp_path, name, method, optimizer)
     built = yaml.safe_load((tmp_path / "config.yaml").read_text())["model"]["init_args"]
