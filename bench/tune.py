@@ -34,11 +34,12 @@ Point = tuple[tuple[str, str], ...]
 
 
 def parse_axis(text: str) -> tuple[str, list[str]]:
-    """``"model.lr=0.001,0.002"`` → ``("model.lr", ["0.001", "0.002"])``."""
+    """``"model.lr=0.001,0.002"`` → ``("model.lr", ["0.001", "0.002"])``; values holding commas are separated
+    by ``;`` instead: ``"model.betas=[0.9,0.95];[0.9,0.99]"``."""
     key, sep, values = text.partition("=")
     if not sep or not key or not values:
-        raise SystemExit(f"axis {text!r}: expected key=v1,v2,... (e.g. model.lr=0.001,0.003)")
-    return key, [v.strip() for v in values.split(",") if v.strip()]
+        raise SystemExit(f"axis {text!r}: expected key=v1,v2,... (e.g. model.lr=0.001,0.003, or ; between list values)")
+    return key, [v.strip() for v in values.split(";" if ";" in values else ",") if v.strip()]
 
 
 def point_name(point: Point) -> str:

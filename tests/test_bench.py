@@ -329,6 +329,16 @@ def test_comparison_without_a_tuned_baseline_is_refused(tiny_corpus, tmp_path) -
     assert bench_compare.Plan(bench_compare.build_parser().parse_args([*argv, "--allow-untuned"])).tuned is None
 
 
+def test_tune_axes_take_list_values_separated_by_semicolons() -> None:
+    from bench.tune import parse_axis, point_name
+
+    assert parse_axis("model.lr=0.001,0.002") == ("model.lr", ["0.001", "0.002"])
+    assert parse_axis("model.betas=[0.9,0.95];[0.9,0.99]") == ("model.betas", ["[0.9,0.95]", "[0.9,0.99]"])
+    assert point_name((("model.betas", "[0.9,0.99]"),)) == "betas=[0.9,0.99]"
+    with pytest.raises(SystemExit, match="key=v1,v2"):
+        parse_axis("model.lr")
+
+
 def test_tune_points_never_train_on_an_earlier_winner(tiny_corpus, tmp_path, monkeypatch) -> None:
     from argparse import Namespace
 
