@@ -69,13 +69,19 @@ def test_utilities_rank_like_the_real_step(name: str) -> None:
         assert medians["batch"] >= 0.9, (step, rho[step])  # AdamW's map is the same at both points
 
 
-def test_newton_schulz_copy_reproduces_torch_muon_step() -> None:
+def trained(name: str, steps: int) -> tuple[GPT, torch.optim.Optimizer, torch.Generator]:
+    """The seed-0 GPT after ``steps`` real steps of optimizer ``name``, and the row generator that fed them."""
     torch.manual_seed(0)
     model = GPT(CFG)
-    opt = make_optimizer(model, "muon")
+    opt = make_optimizer(model, name)
     gen = torch.Generator().manual_seed(0)
-    for _ in range(3):
+    for _ in range(steps):
         train_step(model, opt, gen)
+    return model, opt, gen
+
+
+def test_newton_schulz_copy_reproduces_torch_muon_step() -> None:
+    model, opt, gen = trained("muon", 3)
     opt.zero_grad()
     row_losses(model)(windows(POOL, TRAIN_BATCH, gen)).mean().backward()
     muon = opt.muon.param_groups[0]["params"]
@@ -103,12 +109,7 @@ def test_newton_schulz_vjp_matches_float64_autograd_and_finite_differences(shape
 
 
 def test_adamw_map_is_the_derivative_of_torch_step_at_frozen_moments() -> None:
-    torch.manual_seed(0)
-    model = GPT(CFG)
-    opt = make_optimizer(model, "adamw")
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(5):
-        train_step(model, opt, gen)
+    model, opt, gen = trained("adamw", 5)
     step = RealStep(model, opt, "adamw")
     zero = {k: torch.zeros_like(p) for k, p in step.params.items()}
     h = {k: torch.randn(p.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) for k, p in step.params.items()}
@@ -147,12 +148,7 @@ def test_unknown_adamw_map_is_refused() -> None:
 def test_muon_batch_point_utilities_match_brute_force(stack: bool) -> None:
     """The engine's Muon utilities at the batch point: the VJPs at μ²·buf + (1 − μ²)·ḡ_S for the same drawn
     candidate rows S in every layer, from explicit per-sample gradients."""
-    torch.manual_seed(0)
-    model = GPT(CFG)
-    opt = make_optimizer(model, "muon")
-    gen = torch.Generator().manual_seed(0)
-    for _ in range(3):
-        train_step(model, opt, gen)
+    model, opt, gen = trained("muon", 3)
     n, rows, draws, seed = 6, 4, 3, 5
     batch = cat(windows(POOL, n, gen), windows(TARGET, N_PROXY, gen))
     engine = GhostEngine(model, stack_layers=stack)
