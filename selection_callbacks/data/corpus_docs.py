@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
+import time
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -179,3 +180,17 @@ def domain_table(card: dict, domains: Sequence[str]) -> str:
             cells += [str(sum(s["docs"] for s in stats)), f"{sum(s['bytes'] for s in stats) / 1e6:.3f}"]
         rows.append(f"| {f'**{domain}**' if domain == 'total' else domain} | " + " | ".join(cells) + " |")
     return "\n".join(rows)
+
+
+def build_or_keep(out: Path, up_to_date: bool, build: Callable[[], dict], what: str, seed: int,
+                  render: Callable[[dict], str]) -> int:
+    """A corpus command's body: keep an up-to-date build or run ``build``, print the card; 0."""
+    if up_to_date:
+        print(f"{out}: up to date (seed {seed})")
+        card = read_card(out)
+    else:
+        start = time.perf_counter()
+        card = build()
+        print(f"built {what} in {time.perf_counter() - start:.1f}s -> {out}")
+    print(render(card))
+    return 0

@@ -23,7 +23,6 @@ import random
 import re
 import string
 import sysconfig
-import time
 import token
 import tokenize
 import unicodedata
@@ -35,6 +34,7 @@ from pathlib import Path
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.data.corpus_docs import (
+    build_or_keep,
     HELDOUT_SPLITS,
     MAX_DOC_BYTES,
     SPLITS,
@@ -446,15 +446,8 @@ def build_parser(parent: ActionSubCommands | None = None, name: str = "corpus") 
 def run(args: Namespace) -> int:
     """Build (or keep) the corpus a ``build_parser()`` namespace describes and print its card; 0."""
     out = Path(args.out)
-    if not args.force and is_up_to_date(out, args.seed, args.pool_mb):
-        print(f"{out}: up to date (seed {args.seed})")
-        card = read_card(out)
-    else:
-        start = time.perf_counter()
-        card = build_default_corpus(out, args.seed, force=True, pool_mb=args.pool_mb)
-        print(f"built default corpus in {time.perf_counter() - start:.1f}s -> {out}")
-    print(render_card_markdown(card))
-    return 0
+    keep = not args.force and is_up_to_date(out, args.seed, args.pool_mb)
+    return build_or_keep(out, keep, lambda: build_default_corpus(out, args.seed, force=True, pool_mb=args.pool_mb), "default corpus", args.seed, render_card_markdown)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -34,7 +34,6 @@ import importlib.metadata as metadata
 import platform
 import re
 import sysconfig
-import time
 from collections.abc import Iterator
 from itertools import chain, zip_longest
 from pathlib import Path
@@ -42,6 +41,7 @@ from pathlib import Path
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.data.corpus_docs import (
+    build_or_keep,
     HELDOUT_SPLITS,
     SPLITS,
     Doc,
@@ -111,16 +111,22 @@ def domain_of(path: str) -> str | None:
     return None
 
 
-def installed_projects() -> list[metadata.Distribution]:
+@functools.cache
+def installed_projects() -> tuple[metadata.Distribution, ...]:
     """The distributions installed beside the running interpreter, one per name, sorted by name, minus
-    ``LEFT_OUT``."""
+    ``LEFT_OUT`` (read once per process)."""
     paths = sorted({sysconfig.get_paths()[k] for k in ("purelib", "platlib")})
     found: dict[str, metadata.Distribution] = {}
     for dist in metadata.distributions(path=paths):
         name = project_name(dist)
         if name and name not in LEFT_OUT:
             found.setdefault(name, dist)
-    return [found[name] for name in sorted(found)]
+    return tuple(found[name] for name in sorted(found))
+
+
+def installed_versions() -> dict[str, str]:
+    """``{project: version}`` of :func:`installed_projects`."""
+    return {project_name(d): d.version for d in installed_projects()}
 
 
 def project_name(dist: metadata.Distribution) -> str:
@@ -197,7 +203,7 @@ def build_splits(seed: int = 0) -> tuple[dict[str, list[Doc]], dict[str, dict[st
         rng_for(seed, f"project order/{domain}").shuffle(streams)
         pool += fill(round_robin(streams), POOL_CAPS[domain])
     splits = dedupe_across({"pool": pool, **splits})
-    versions = {project_name(d): d.version for d in projects}
+    versions = installed_versions()
     fed = {s: {p: versions[p] for p in sorted({d.group.split("/", 1)[0] for d in splits[s]})} for s in SPLITS}
     return splits, fed
 
@@ -210,7 +216,7 @@ def _card(splits: dict[str, list[Doc]], fed: dict[str, dict[str, str]], seed: in
         "seed": seed,
         "target_domain": TARGET_DOMAIN,
         "bytes_are": "UTF-8 bytes of the text fields",
-        "installed": {project_name(d): d.version for d in installed_projects()},
+        "installed": installed_versions(),
         "projects": fed,
         "splits": {split: domain_stats(docs, DOMAINS) for split, docs in splits.items()},
     }
@@ -223,7 +229,7 @@ def is_up_to_date(out_dir: str | Path, seed: int) -> bool:
         return False
     if card.get("python_version") != platform.python_version():
         return False
-    if card.get("installed") != {project_name(d): d.version for d in installed_projects()}:
+    if card.get("installed") != installed_versions():
         return False
     return files_match(out, card)
 
@@ -262,15 +268,8 @@ def build_parser(parent: ActionSubCommands | None = None, name: str = "packages"
 def run(args: Namespace) -> int:
     """Build (or keep) the corpus and print its card; 0."""
     out = Path(args.out)
-    if not args.force and is_up_to_date(out, args.seed):
-        print(f"{out}: up to date (seed {args.seed})")
-        card = read_card(out)
-    else:
-        start = time.perf_counter()
-        card = build_package_corpus(out, args.seed, force=True)
-        print(f"built package corpus in {time.perf_counter() - start:.1f}s -> {out}")
-    print(render_card_markdown(card))
-    return 0
+    keep = not args.force and is_up_to_date(out, args.seed)
+    return build_or_keep(out, keep, lambda: build_package_corpus(out, args.seed, force=True), "package corpus", args.seed, render_card_markdown)
 
 
 def main(argv: list[str] | None = None) -> int:
