@@ -1,39 +1,45 @@
-"""Read documents from jsonl, parquet or a folder of text files."""
+"""Read documents from jsonl, parquet, a folder of text files, or Hugging Face ``datasets`` sources.
+
+The one place that turns a source path into :class:`Document` s: the pool datamodule, the offline
+selectors and the feature bank all read through :func:`iter_documents` (or, streaming,
+:func:`stream_documents`). A folder holding ``state.json`` and ``dataset_info.json`` is a dataset
+saved with ``save_to_disk``; ``.arrow`` files are ``datasets`` shards
+(:mod:`selection_callbacks.data.hf_datasets`).
+"""
 
 from __future__ import annotations
 
 import codecs
+import itertools
 import json
 from collections.abc import Iterator
-from dataclasses import dataclass
 from pathlib import Path
 
+from selection_callbacks.data import hf_datasets
+from selection_callbacks.data.documents import Columns, DataSourceError, Document, row_document
+
+__all__ = ["Columns", "DataSourceError", "Document", "check_source", "iter_documents", "source_files",
+           "stream_documents"]
+
 TEXT_SUFFIXES = (".txt", ".md", ".rst", ".text")
-
-
-@dataclass(frozen=True)
-class Document:
-    """One source document: a stable id, its text and a domain label."""
-
-    id: str
-    text: str
-    domain: str
-
-
-class DataSourceError(ValueError):
-    """A data file or folder that cannot be read as documents."""
+ROW_SUFFIXES = (".jsonl", ".parquet", ".arrow")
 
 
 def source_files(path: str | Path) -> list[Path]:
-    """Files that make up a source: the file itself, or the text files under a folder (sorted)."""
+    """Files that make up a source: the file itself, a saved dataset's files, or the text/row files under a folder (sorted)."""
     p = Path(path)
     if not p.exists():
-        raise DataSourceError(f"data source {str(p)!r} does not exist; pass a .jsonl, .parquet or a folder of text files")
+        raise DataSourceError(
+            f"data source {str(p)!r} does not exist; pass a .jsonl, .parquet or .arrow file, a folder of text files "
+            "or a folder written by datasets' save_to_disk"
+        )
     if p.is_file():
         return [p]
-    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in TEXT_SUFFIXES + (".jsonl", ".parquet"))
+    if hf_datasets.is_saved_dataset(p):
+        return sorted(f for f in p.iterdir() if f.is_file())
+    files = sorted(f for f in p.rglob("*") if f.is_file() and f.suffix.lower() in TEXT_SUFFIXES + ROW_SUFFIXES)
     if not files:
-        raise DataSourceError(f"folder {str(p)!r} holds no {', '.join(TEXT_SUFFIXES)}, .jsonl or .parquet files")
+        raise DataSourceError(f"folder {str(p)!r} holds no {', '.join(TEXT_SUFFIXES + ROW_SUFFIXES)} files")
     return files
 
 
@@ -76,19 +82,25 @@ def _raise_at_bad_line(f: Path) -> None:
                 ) from None
 
 
-def iter_documents(path: str | Path) -> Iterator[Document]:
+def iter_documents(path: str | Path, columns: Columns = Columns()) -> Iterator[Document]:
     """Yield every document of a source in a stable order.
 
-    jsonl/parquet rows need ``text``; ``id`` defaults to ``<file>:<row>`` and ``domain`` to
-    ``"default"``. A text file is one document whose domain is its parent folder's name.
+    jsonl/parquet/arrow/dataset rows need ``columns.text``; the id defaults to ``<file>:<row>``
+    (``<dataset folder>:<row>`` for a saved dataset) and the domain to ``"default"``
+    (:class:`Columns`). A text file is one document whose domain is its parent folder's name.
     """
     root = Path(path)
+    if hf_datasets.is_saved_dataset(root):
+        yield from hf_datasets.iter_saved_dataset(root, columns)
+        return
     for f in source_files(root):
         suffix = f.suffix.lower()
         if suffix == ".jsonl":
-            yield from _iter_jsonl(f)
+            yield from _iter_jsonl(f, columns)
         elif suffix == ".parquet":
-            yield from _iter_parquet(f)
+            yield from _iter_parquet(f, columns)
+        elif suffix == ".arrow":
+            yield from hf_datasets.iter_arrow_file(f, columns)
         else:
             rel = f.relative_to(root) if root.is_dir() else Path(f.name)
             domain = rel.parent.name if rel.parent != Path(".") else "default"
@@ -99,22 +111,25 @@ def iter_documents(path: str | Path) -> Iterator[Document]:
             yield Document(id=str(rel), text=text, domain=domain)
 
 
-def _row_document(row: dict, default_id: str, where: str) -> Document:
-    if not isinstance(row, dict) or "text" not in row:
-        raise DataSourceError(f"{where}: each row needs a 'text' field (optional 'id', 'domain')")
-    text = row["text"]
-    if not isinstance(text, str):
-        raise DataSourceError(f"{where}: 'text' must be a string, got {type(text).__name__}")
-    doc_id = row.get("id")
-    domain = row.get("domain")
-    return Document(
-        id=default_id if doc_id is None else str(doc_id),
-        text=text,
-        domain="default" if domain is None else str(domain),
-    )
+def stream_documents(path: str | Path, columns: Columns = Columns(), skip: int = 0) -> Iterator[Document]:
+    """The documents of :func:`iter_documents`, in the same order with the same ids, read through
+    ``datasets`` streaming (jsonl/parquet/arrow files, saved datasets); the first ``skip`` are left out.
+
+    Text folders have no ``datasets`` form and are read as they are. A jsonl row's default id counts
+    lines in :func:`iter_documents` and rows here, so the two agree when the file has no blank lines
+    or an id column.
+    """
+    root = Path(path)
+    if hf_datasets.is_saved_dataset(root):
+        yield from hf_datasets.stream_saved_dataset(root, columns, skip)
+        return
+    if root.is_dir():
+        yield from itertools.islice(iter_documents(root, columns), skip, None)
+        return
+    yield from hf_datasets.stream_file(root, columns, skip)
 
 
-def _iter_jsonl(f: Path) -> Iterator[Document]:
+def _iter_jsonl(f: Path, columns: Columns) -> Iterator[Document]:
     try:
         handle = f.open("rb")
     except OSError as e:
@@ -131,20 +146,23 @@ def _iter_jsonl(f: Path) -> Iterator[Document]:
                 row = json.loads(line)
             except json.JSONDecodeError as e:
                 raise DataSourceError(f"{f}:{i + 1}: not valid JSON ({e.msg})") from e
-            yield _row_document(row, f"{f.name}:{i}", f"{f}:{i + 1}")
+            yield row_document(row, f"{f.name}:{i}", f"{f}:{i + 1}", columns)
 
 
-def _iter_parquet(f: Path) -> Iterator[Document]:
+def _iter_parquet(f: Path, columns: Columns) -> Iterator[Document]:
     import pyarrow.parquet as pq
 
     try:
         table = pq.ParquetFile(f)
     except Exception as e:  # pyarrow raises several types for corrupt files
         raise DataSourceError(f"cannot read parquet {str(f)!r}: {e}") from e
-    if "text" not in table.schema_arrow.names:
-        raise DataSourceError(f"{f}: parquet needs a 'text' column, found {table.schema_arrow.names}")
+    if columns.text not in table.schema_arrow.names:
+        raise DataSourceError(
+            f"{f}: parquet needs a {columns.text!r} column, found {table.schema_arrow.names}; "
+            "name the text column with data.text_column"
+        )
     row = 0
     for batch in table.iter_batches():
         for rec in batch.to_pylist():
-            yield _row_document(rec, f"{f.name}:{row}", f"{f} row {row}")
+            yield row_document(rec, f"{f.name}:{row}", f"{f} row {row}", columns)
             row += 1
