@@ -11,9 +11,10 @@ import torch
 from torch.utils.data import DataLoader, Dataset
 
 from selection_callbacks.data.cache import default_cache_dir
+from selection_callbacks.data.hf_tokenizer import HFTokenizer
 from selection_callbacks.data.loader import SuperbatchLoader
 from selection_callbacks.data.packing import PackedSplit, pack_source
-from selection_callbacks.data.readers import DataSourceError, check_source
+from selection_callbacks.data.readers import Columns, DataSourceError, check_source
 from selection_callbacks.data.subset import SubsetError, read_subset
 from selection_callbacks.data.token_bin import PretokenizedTokenizer, load_token_bin
 from selection_callbacks.data.tokenizer import ByteTokenizer
@@ -55,7 +56,8 @@ class PoolDataModule(L.LightningDataModule):
                             "data/default/val.jsonl", seq_len=128, batch_size=16, ratio=0.5)
 
     Args:
-        pool: candidate documents (jsonl, parquet or a folder of text files).
+        pool: candidate documents (jsonl, parquet or arrow files, a folder of text files, or a
+            folder written by ``datasets``' ``save_to_disk``).
         target: documents selectors may look at.
         val: evaluation documents; no selector reads them.
         seq_len: T, tokens per training sequence.
@@ -71,6 +73,13 @@ class PoolDataModule(L.LightningDataModule):
         vocab_size: for pre-tokenized ``.bin`` splits: the token vocabulary size.
         token_bytes: for ``.bin`` splits: ``.npy`` of UTF-8 bytes per token id (enables bpb).
         eot_id: for ``.bin`` splits: the end-of-text id that separates documents.
+        tokenizer: a ``tokenizer.json`` (Hugging Face ``tokenizers``; ``selection-callbacks tokenizer``
+            trains one); None = bytes.
+        boundary_token: the tokenizer's special token written before each document (default: the
+            first of ``<|endoftext|>``, ``</s>``, ``<s>``, ... it has).
+        text_column: the row field holding the text.
+        id_column: the row field holding a stable document id (absent: ``<file>:<row>``).
+        domain_column: the row field holding the domain (None or absent: ``"default"``).
     """
 
     def __init__(
@@ -91,6 +100,11 @@ class PoolDataModule(L.LightningDataModule):
         vocab_size: int | None = None,
         token_bytes: str | None = None,
         eot_id: int = 50256,
+        tokenizer: str | None = None,
+        boundary_token: str | None = None,
+        text_column: str = "text",
+        id_column: str | None = "id",
+        domain_column: str | None = "domain",
     ) -> None:
         super().__init__()
         self.superbatch_size = candidates_per_rank(batch_size, ratio)
@@ -109,9 +123,14 @@ class PoolDataModule(L.LightningDataModule):
         if self.pretokenized:
             if vocab_size is None:
                 raise ValueError("pre-tokenized .bin splits need data.vocab_size (e.g. 50257 for GPT-2 ids)")
+            if tokenizer is not None:
+                raise ValueError(".bin splits are already tokenized; drop data.tokenizer")
             self.tokenizer = PretokenizedTokenizer(vocab_size, token_bytes)
+        elif tokenizer is not None:
+            self.tokenizer = HFTokenizer(tokenizer, boundary_token)
         else:
             self.tokenizer = ByteTokenizer()
+        self.columns = Columns(text=text_column, id=id_column, domain=domain_column)
         self.eot_id = eot_id
         self.splits: dict[str, PackedSplit] = {}
         self._train_ids: np.ndarray | None = None
@@ -132,7 +151,8 @@ class PoolDataModule(L.LightningDataModule):
                 raise SubsetError("doc_id subsets need a text pool; for .bin pools use a sample_id subset")
             return load_token_bin(self.paths[name], self.seq_len, self.cache_dir, self.eot_id, name=name)
         return pack_source(
-            self.paths[name], self.seq_len, self.cache_dir, self.tokenizer, doc_filter, name=name, progress=self.progress
+            self.paths[name], self.seq_len, self.cache_dir, self.tokenizer, doc_filter, name=name,
+            progress=self.progress, columns=self.columns,
         )
 
     def check_sources(self) -> None:
@@ -223,9 +243,18 @@ class PoolDataModule(L.LightningDataModule):
         return target.batch(generator.choice(len(target), size=min(n, len(target)), replace=False))
 
     def state_dict(self) -> dict[str, Any]:
-        return {"seed": self.seed, "seq_len": self.seq_len, "superbatch_size": self.superbatch_size}
+        return {"seed": self.seed, "seq_len": self.seq_len, "superbatch_size": self.superbatch_size,
+                "tokenizer": self._tokenizer_id()}
+
+    def _tokenizer_id(self) -> str:
+        return self.tokenizer.fingerprint() if hasattr(self.tokenizer, "fingerprint") else "pretokenized"
 
     def load_state_dict(self, state: dict[str, Any]) -> None:
         for key in ("seq_len", "superbatch_size"):
             if state.get(key, getattr(self, key)) != getattr(self, key):
                 raise ValueError(f"checkpoint was trained with data.{key}={state[key]}, this run has {getattr(self, key)}")
+        if state.get("tokenizer", self._tokenizer_id()) != self._tokenizer_id():
+            raise ValueError(
+                f"checkpoint was trained with tokenizer {state['tokenizer']}, this run has {self._tokenizer_id()}; "
+                "pass the checkpoint's data.tokenizer"
+            )

@@ -19,6 +19,12 @@ from selection_callbacks.scoring.losses import sequence_means, token_losses
 __all__ = ["LitLanguageModel"]
 
 
+def _tokenizer_name(dm: Any) -> str:
+    tokenizer = getattr(dm, "tokenizer", None)
+    path = getattr(tokenizer, "path", None)
+    return str(path) if path is not None else type(tokenizer).__name__
+
+
 class LitLanguageModel(L.LightningModule):
     """A causal LM ``self.model`` trained on (selected) superbatches; subclasses build the model.
 
@@ -31,7 +37,9 @@ class LitLanguageModel(L.LightningModule):
     ``per_sample_loss(batch) -> Tensor[N]`` is the protocol selection methods use: the mean token loss
     of each row under the current weights, honouring ``labels`` and ``loss_mask``
     (:func:`~selection_callbacks.scoring.losses.token_losses`). Validation logs ``val/loss`` (nats per
-    target token) and ``val/bpb`` (nats over the target tokens that stand for bytes, / (ln 2 · bytes)).
+    target token) and ``val/bpb`` (nats over the target tokens that stand for text, / (ln 2 · bytes)).
+    Bytes come from the batch's ``label_bytes`` [N, T] when it has them (subword tokenizers: each
+    token's original UTF-8 bytes, exact under normalisation), else from the tokenizer's byte table per id.
 
     Example::
 
@@ -53,6 +61,7 @@ class LitLanguageModel(L.LightningModule):
     def __init__(self, vocab_size: int) -> None:
         super().__init__()
         self.register_buffer("token_bytes", ByteTokenizer().token_bytes(vocab_size), persistent=False)
+        self.text_ids: torch.Tensor | None = None  # bool [V] for ``label_bytes`` batches: ids that are not specials
         self.val_nats = SumMetric()
         self.val_tokens = SumMetric()
         self.val_byte_nats = SumMetric()
@@ -64,7 +73,11 @@ class LitLanguageModel(L.LightningModule):
         config = self.model.config
         vocab = getattr(dm, "vocab_size", None)
         if vocab is not None and vocab > config.vocab_size:
-            raise ValueError(f"data vocabulary {vocab} exceeds model.config.vocab_size={config.vocab_size}")
+            raise ValueError(
+                f"the data's tokenizer ({_tokenizer_name(dm)}) has {vocab} token ids but model.config.vocab_size="
+                f"{config.vocab_size}; build the model for it: --model.config.vocab_size {64 * math.ceil(vocab / 64)} "
+                "(a multiple of 64 ≥ the tokenizer's ids)"
+            )
         seq_len, max_len = getattr(dm, "seq_len", None), getattr(config, self.max_len_field, None)
         if seq_len is not None and max_len is not None and seq_len > max_len:
             raise ValueError(f"data.seq_len={seq_len} exceeds model.config.{self.max_len_field}={max_len}")
@@ -72,6 +85,8 @@ class LitLanguageModel(L.LightningModule):
         if tokenizer is not None:
             table = tokenizer.token_bytes(config.vocab_size)
             self.token_bytes = None if table is None else table[: config.vocab_size].to(self.device)
+            if hasattr(tokenizer, "text_ids"):
+                self.text_ids = tokenizer.text_ids(config.vocab_size).to(self.device)
 
     def per_sample_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean token loss of each sequence, [N] (masked tokens excluded)."""
@@ -89,7 +104,11 @@ class LitLanguageModel(L.LightningModule):
         nll, mask, targets = token_losses(self(batch["input_ids"]), batch)
         self.val_nats.update((nll * mask).sum())
         self.val_tokens.update(mask.sum())
-        if self.token_bytes is not None:  # unknown for pre-tokenized data without a byte table
+        if "label_bytes" in batch:  # per-position bytes: a token's count depends on where it sits
+            text = mask if self.text_ids is None else mask * self.text_ids.to(targets.device)[targets]
+            self.val_byte_nats.update((nll * text).sum())
+            self.val_bytes.update((batch["label_bytes"].to(nll.dtype) * mask).sum())
+        elif self.token_bytes is not None:  # unknown for pre-tokenized data without a byte table
             nbytes = self.token_bytes[targets] * mask
             self.val_byte_nats.update((nll * (nbytes > 0)).sum())
             self.val_bytes.update(nbytes.sum())
