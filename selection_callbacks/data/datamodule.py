@@ -15,6 +15,7 @@ from selection_callbacks.data.hf_tokenizer import HFTokenizer
 from selection_callbacks.data.loader import SuperbatchLoader
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.readers import Columns, DataSourceError, check_source
+from selection_callbacks.data.stream_loader import DEFAULT_BUFFER, StreamCount, StreamingSuperbatchLoader, count_stream
 from selection_callbacks.data.subset import SubsetError, read_subset
 from selection_callbacks.data.token_bin import PretokenizedTokenizer, load_token_bin
 from selection_callbacks.data.tokenizer import ByteTokenizer
@@ -55,6 +56,10 @@ class PoolDataModule(L.LightningDataModule):
         dm = PoolDataModule("data/default/pool.jsonl", "data/default/target.jsonl",
                             "data/default/val.jsonl", seq_len=128, batch_size=16, ratio=0.5)
 
+    With ``streaming=True`` the pool is read through ``datasets`` streaming and packed on the fly
+    (:mod:`~selection_callbacks.data.stream_loader`: source-order sample ids, a seeded shuffle buffer);
+    target and val are still packed and cached.
+
     Args:
         pool: candidate documents (jsonl, parquet or arrow files, a folder of text files, or a
             folder written by ``datasets``' ``save_to_disk``).
@@ -80,6 +85,8 @@ class PoolDataModule(L.LightningDataModule):
         text_column: the row field holding the text.
         id_column: the row field holding a stable document id (absent: ``<file>:<row>``).
         domain_column: the row field holding the domain (None or absent: ``"default"``).
+        streaming: stream the pool instead of packing it (no ``subset``).
+        shuffle_buffer: windows in the streamed pool's shuffle buffer.
     """
 
     def __init__(
@@ -105,6 +112,8 @@ class PoolDataModule(L.LightningDataModule):
         text_column: str = "text",
         id_column: str | None = "id",
         domain_column: str | None = "domain",
+        streaming: bool = False,
+        shuffle_buffer: int = DEFAULT_BUFFER,
     ) -> None:
         super().__init__()
         self.superbatch_size = candidates_per_rank(batch_size, ratio)
@@ -123,14 +132,17 @@ class PoolDataModule(L.LightningDataModule):
         if self.pretokenized:
             if vocab_size is None:
                 raise ValueError("pre-tokenized .bin splits need data.vocab_size (e.g. 50257 for GPT-2 ids)")
-            if tokenizer is not None:
-                raise ValueError(".bin splits are already tokenized; drop data.tokenizer")
+            if tokenizer is not None or streaming:
+                raise ValueError(".bin splits are already tokenized; drop data.tokenizer / data.streaming")
             self.tokenizer = PretokenizedTokenizer(vocab_size, token_bytes)
         elif tokenizer is not None:
             self.tokenizer = HFTokenizer(tokenizer, boundary_token)
         else:
             self.tokenizer = ByteTokenizer()
+        if streaming and subset:
+            raise ValueError("data.subset needs a packed pool (sample or document ids to look up); drop data.streaming")
         self.columns = Columns(text=text_column, id=id_column, domain=domain_column)
+        self.streaming, self.shuffle_buffer = streaming, shuffle_buffer
         self.eot_id = eot_id
         self.splits: dict[str, PackedSplit] = {}
         self._train_ids: np.ndarray | None = None
@@ -143,7 +155,12 @@ class PoolDataModule(L.LightningDataModule):
     @property
     def domain_names(self) -> list[str]:
         """Names of the ``domain`` codes in training batches."""
+        if self.streaming:
+            return self._stream_count().domain_names
         return self.splits["pool"].domain_names
+
+    def _stream_count(self) -> StreamCount:
+        return count_stream(self.paths["pool"], self.seq_len, self.tokenizer, self.cache_dir, self.columns)
 
     def _pack(self, name: str, doc_filter: list[str] | None = None) -> PackedSplit:
         if self.pretokenized:
@@ -154,6 +171,10 @@ class PoolDataModule(L.LightningDataModule):
             self.paths[name], self.seq_len, self.cache_dir, self.tokenizer, doc_filter, name=name,
             progress=self.progress, columns=self.columns,
         )
+
+    def _split_names(self) -> list[str]:
+        """The splits packed into the token cache: all three, or target and val when the pool streams."""
+        return [name for name in self.paths if not (self.streaming and name == "pool")]
 
     def check_sources(self) -> None:
         """Every split and the subset file exist and every text split decodes, before any split is tokenized."""
@@ -172,8 +193,10 @@ class PoolDataModule(L.LightningDataModule):
     def prepare_data(self) -> None:
         """Tokenize and cache every split once (local rank 0 only under DDP), after :meth:`check_sources`."""
         self.check_sources()
-        for name in self.paths:
+        for name in self._split_names():
             self._pack(name)
+        if self.streaming:
+            self._stream_count()
         subset = read_subset(self.subset_path) if self.subset_path else None
         if subset is not None and subset.kind == "doc_id":
             self._pack("pool", subset.ids)
@@ -182,8 +205,10 @@ class PoolDataModule(L.LightningDataModule):
         if self.splits:
             return
         self.check_sources()
-        for name in self.paths:
+        for name in self._split_names():
             self.splits[name] = self._pack(name)
+        if self.streaming:
+            return
         pool = self.splits["pool"]
         self._train_ids = np.arange(len(pool), dtype=np.int64)
         if self.subset_path:
@@ -213,9 +238,14 @@ class PoolDataModule(L.LightningDataModule):
         first = np.searchsorted(pool.doc_start, np.arange(len(pool)) * pool.seq_len + 1, side="right") - 1
         return doc_weight[first]
 
-    def train_dataloader(self) -> SuperbatchLoader:
+    def train_dataloader(self) -> SuperbatchLoader | StreamingSuperbatchLoader:
         trainer = self.trainer
         rank, world = (trainer.global_rank, trainer.world_size) if trainer is not None else (0, 1)
+        if self.streaming:
+            return StreamingSuperbatchLoader(
+                self.paths["pool"], self.tokenizer, self.seq_len, self.superbatch_size, self.cache_dir, seed=self.seed,
+                buffer_size=self.shuffle_buffer, columns=self.columns, rank=rank, world_size=world,
+            )
         return SuperbatchLoader(
             self.splits["pool"],
             self._train_ids,
