@@ -169,3 +169,19 @@ def test_unknown_boundary_token_and_missing_file(tmp_path: Path, unicode_corpus)
         HFTokenizer(path, boundary_token="<pad>")
     with pytest.raises(FileNotFoundError, match="selection-callbacks tokenizer"):
         HFTokenizer(tmp_path / "missing.json")
+
+
+def test_ledger_maps_sample_ids_to_documents_with_the_runs_tokenizer(unicode_corpus, tmp_path: Path) -> None:
+    from selection_callbacks.callbacks.ledger_writer import _pool_source
+    from selection_callbacks.cli.ledger import _doc_lookup
+    from selection_callbacks.data.datamodule import PoolDataModule
+
+    path = train_bpe([unicode_corpus["pool"]], vocab_size=400, cache_dir=tmp_path, progress=False)
+    dm = PoolDataModule(unicode_corpus["pool"], unicode_corpus["target"], unicode_corpus["val"], seq_len=16,
+                        cache_dir=str(tmp_path / "cache"), tokenizer=str(path), progress=False)
+    meta = _pool_source(dm)
+    assert meta["tokenizer"] == str(path) and meta["boundary_token"] == "<|endoftext|>"
+    lookup, why = _doc_lookup(meta)
+    assert why == ""
+    split = pack_source(unicode_corpus["pool"], 16, tmp_path / "cache", HFTokenizer(path), progress=False)
+    assert [lookup(s) for s in range(0, len(split), 7)] == [split.sample_doc_ids(s) for s in range(0, len(split), 7)]

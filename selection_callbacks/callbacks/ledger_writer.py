@@ -6,6 +6,8 @@ The files and their readers are in :mod:`selection_callbacks.core.ledger_store`;
 
 from __future__ import annotations
 
+import dataclasses
+
 from pathlib import Path
 from typing import Any
 
@@ -180,14 +182,20 @@ class SelectionLedger(L.Callback):
 
 
 def _pool_source(datamodule: Any) -> dict[str, Any]:
-    """Where the candidates came from (a ``PoolDataModule``'s pool, T, cache and subset), for doc-level views."""
+    """Where the candidates came from (a ``PoolDataModule``'s pool, T, cache, subset, tokenizer file and
+    columns), for doc-level views."""
     paths = getattr(datamodule, "paths", None)
     if not isinstance(paths, dict) or "pool" not in paths:
         return {}
     cache = getattr(datamodule, "cache_dir", None)
+    tokenizer = getattr(datamodule, "tokenizer", None)
+    columns = getattr(datamodule, "columns", None)
     return {
         "pool": str(paths["pool"]),
         "seq_len": getattr(datamodule, "seq_len", None),
         "cache_dir": str(cache) if cache is not None else None,
         "subset": getattr(datamodule, "subset_path", None),
+        "tokenizer": str(tokenizer.path) if hasattr(tokenizer, "path") else None,
+        "boundary_token": getattr(tokenizer, "boundary_token", None),
+        "columns": dataclasses.asdict(columns) if dataclasses.is_dataclass(columns) else None,
     }

@@ -27,8 +27,9 @@ from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 from selection_callbacks.core.arguments import command_parser
 from selection_callbacks.core.ledger_store import LedgerError, read_ledger, read_meta
 from selection_callbacks.data.cache import default_cache_dir
+from selection_callbacks.data.hf_tokenizer import HFTokenizer
 from selection_callbacks.data.packing import pack_source
-from selection_callbacks.data.readers import DataSourceError
+from selection_callbacks.data.readers import Columns, DataSourceError
 from selection_callbacks.data.subset import SubsetError, read_subset, write_subset
 
 
@@ -133,8 +134,11 @@ def _doc_lookup(meta: dict[str, Any]) -> tuple[Callable[[int], list[str]] | None
         subset = read_subset(meta["subset"]) if meta.get("subset") else None
         doc_filter = subset.ids if subset is not None and subset.kind == "doc_id" else None
         cache = meta.get("cache_dir") or default_cache_dir()
-        split = pack_source(pool, int(seq_len), cache, doc_filter=doc_filter, name="pool", progress=False)
-    except (DataSourceError, SubsetError, OSError) as e:
+        tokenizer = HFTokenizer(meta["tokenizer"], meta.get("boundary_token")) if meta.get("tokenizer") else None
+        columns = Columns(**meta["columns"]) if meta.get("columns") else Columns()
+        split = pack_source(pool, int(seq_len), cache, tokenizer, doc_filter, name="pool", progress=False,
+                            columns=columns)
+    except (DataSourceError, SubsetError, OSError, ValueError) as e:
         return None, f"pool unavailable: {e}"
     return split.sample_doc_ids, ""
 

@@ -80,6 +80,7 @@ class HFTokenizer:
             raise ValueError(f"cannot load tokenizer {str(self.path)!r}: {e}") from e
         self.vocab_size = self._tok.get_vocab_size(with_added_tokens=True)
         self.bos_id = self._boundary_id(boundary_token)
+        self.boundary_token: str = self._tok.id_to_token(self.bos_id)
         self.special_ids = sorted({t_id for t_id, t in self._tok.get_added_tokens_decoder().items() if t.special}
                                   | {self.bos_id})
         self.dtype = np.uint16 if self.vocab_size <= np.iinfo(np.uint16).max + 1 else np.uint32
