@@ -23,6 +23,7 @@ from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.learner.lit_gpt import LitGPT
 from selection_callbacks.methods import RandomSelection
 from selection_callbacks.nn.gpt import GPTConfig
+from selection_callbacks.offline.corpus import load_corpus
 from tests.conftest import write_jsonl
 
 
@@ -69,6 +70,7 @@ def test_every_format_reads_the_same_documents(tmp_path: Path) -> None:
         assert list(stream_documents(source)) == expected
     assert list(stream_documents(jsonl)) == expected
     assert list(stream_documents(saved, skip=5)) == expected[5:]
+    assert load_corpus(saved).ids.tolist() == load_corpus(jsonl).ids.tolist()  # offline selectors read it too
 
 
 def test_columns_are_configurable_and_named_in_errors(saved, tmp_path: Path) -> None:
