@@ -21,9 +21,9 @@ distance from torch's own step, the largest over Muon's matrices).
 Each map variant's GhostEngine utilities ⟨G_i, −Jᵀḡ_proxy⟩ (the OPUSSelection preconditioner at
 K rows) are scored against the effects by Spearman's ρ and by the top-K overlap
 |top-16 by utility ∩ top-16 by effect| (8 expected at random). AdamW: ``frozen`` (the default: the
-derivative at torch's v) and ``proxy_in_v`` (ḡ_proxy² in v). Muon: ``batch`` (the default: the
-Newton–Schulz derivative at μ²·buf + (1 − μ²)·ḡ_S averaged over 8 drawn K-row batches S),
-``momentum`` (at the momentum alone) and ``frozen_ns`` (the old self-adjoint map, Newton–Schulz frozen at the momentum).
+derivative at torch's v) and ``proxy_in_v`` (ḡ_proxy² in v). Muon: ``momentum`` (the default: the
+Newton–Schulz derivative at the momentum), ``batch`` (at μ²·buf + (1 − μ²)·ḡ_S averaged over 8 drawn
+K-row batches S) and ``frozen_ns`` (the old self-adjoint map, Newton–Schulz frozen at the momentum).
 Writes ``<out>.json`` (every state and the medians) and ``<out>.md`` (the table, also printed).
 """
 
@@ -65,7 +65,7 @@ CFG = GPTConfig(vocab_size=320, block_size=T, n_layer=1, n_head=2, n_embd=32)
 K, N_CAND, N_PROXY, TRAIN_BATCH = 16, 32, 8, 8
 LR, WD, BETA1, BETA2, MUON_LR, MUON_MU = 3e-3, 0.1, 0.9, 0.95, 0.02, 0.95
 NS = NewtonSchulz((torch_muon.DEFAULT_A, torch_muon.DEFAULT_B, torch_muon.DEFAULT_C), torch_muon.DEFAULT_NS_STEPS, torch_muon.EPS)
-VARIANTS = {"adamw": ("frozen", "proxy_in_v"), "muon": ("batch", "momentum", "frozen_ns")}
+VARIANTS = {"adamw": ("frozen", "proxy_in_v"), "muon": ("momentum", "batch", "frozen_ns")}
 
 Resolver = Callable[..., object]
 
@@ -215,8 +215,8 @@ def resolvers(opt: torch.optim.Optimizer, name: str) -> dict[str, Resolver]:
     if name == "adamw":
         return {"frozen": OPUSSelection().preconditioner(trainer, K),
                 "proxy_in_v": OPUSSelection(adamw_map="proxy_in_v").preconditioner(trainer, K)}
-    return {"batch": OPUSSelection().preconditioner(trainer, K),
-            "momentum": OPUSSelection(muon_point="momentum").preconditioner(trainer, K), "frozen_ns": FrozenMaps(opt)}
+    return {"momentum": OPUSSelection().preconditioner(trainer, K),
+            "batch": OPUSSelection(muon_point="batch").preconditioner(trainer, K), "frozen_ns": FrozenMaps(opt)}
 
 
 def top_overlap(utility: np.ndarray, effect: np.ndarray, k: int = K) -> int:

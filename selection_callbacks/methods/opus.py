@@ -42,16 +42,16 @@ class OPUSSelection(GhostSelection):
             ``sketch_dim=0`` also turns the term off: there are no sketches to build it from.
         adamw_map: AdamW's second moment in the map: ``"frozen"`` (torch's v, the derivative at g → 0)
             or ``"proxy_in_v"`` (the proxy gradient's share put into v at every step).
-        muon_point: where Muon's Newton–Schulz derivative is evaluated: ``"batch"`` (the input torch's
-            step will orthogonalise, the momentum plus the share of a batch of K × accumulation rows
+        muon_point: where Muon's Newton–Schulz derivative is evaluated: ``"momentum"`` (the momentum
+            torch's step will orthogonalise, the fresh gradient's share → 0: one vector–Jacobian product
+            per matrix) or ``"batch"`` (the momentum plus the share of a batch of K × accumulation rows
             drawn from the candidates, averaged over ``muon_draws`` draws; before the first step the
-            momentum is zero and the drawn batches alone set the point) or ``"momentum"`` (the momentum
-            alone, the fresh gradient's share → 0: one vector–Jacobian product per matrix). Against the
-            real step's marginal effects on a tiny GPT, median Spearman over 9 held-out seeds at steps
-            5 / 50 / 300: batch 0.93 / 0.92 / 0.91, momentum 0.92 / 0.81 / 0.92
-            (bench/results/ghost/utility-ranking-muon-heldout.md; tests/test_opus_maps.py checks seeds 0–2).
-        muon_draws: batches drawn for ``muon_point="batch"`` (one vector–Jacobian product each per
-            matrix; their cost against the momentum point's is in ``bench.ghost --maps``).
+            drawn batches alone set the point). Against the real step's marginal effects on a tiny GPT,
+            median Spearman over 9 held-out seeds at steps 5 / 50 / 300: momentum 0.92 / 0.81 / 0.92,
+            batch 0.93 / 0.92 / 0.91 (bench/results/ghost/utility-ranking-muon-heldout.md); on CPU
+            (bench.ghost's 6 × 384 GPT, N = 64, T = 16) the batch point's utilities cost 5.7× the
+            momentum point's (bench/results/ghost/README.md).
+        muon_draws: batches drawn for ``muon_point="batch"`` (one vector–Jacobian product each per matrix).
         **kwargs: :class:`GhostSelection` arguments (``score_len``, ``sketch_dim``,
             ``proxy_batch_size``, ``proxy``, ``include_embedding``, ``seed``, ...).
     """
@@ -62,7 +62,7 @@ class OPUSSelection(GhostSelection):
         temperature: float = 0.25,
         redundancy_weight: float = 1.0,
         adamw_map: AdamWMap = "frozen",
-        muon_point: Literal["batch", "momentum"] = "batch",
+        muon_point: Literal["batch", "momentum"] = "momentum",
         muon_draws: int = 8,
         **kwargs: Any,
     ) -> None:
