@@ -201,7 +201,7 @@ def text_features(pool: Corpus, seq_len: int, progress: bool = True) -> dict[str
     p = byte_counts / safe
     with np.errstate(divide="ignore", invalid="ignore"):
         entropy = -np.where(p > 0, p * np.log2(p), 0.0).sum(1)
-    pool_logp = np.log((byte_counts.sum(0) + 1.0) / (byte_counts.sum() + 256.0))
+    pool_logp = byte_log_probs(byte_counts.sum(0))
     cols = {"n_bytes": n_bytes, "n_tokens": pool.n_tokens.astype(np.float64)}
     cols.update({f"distinct_{n}": distinct[:, j] for j, n in enumerate(NGRAM_ORDERS)})
     cols["non_ascii"] = byte_counts[:, 128:].sum(1) / safe[:, 0]
@@ -209,6 +209,12 @@ def text_features(pool: Corpus, seq_len: int, progress: bool = True) -> dict[str
     cols["bos_per_seq"] = seq_len / pool.n_tokens
     cols["log_freq"] = (byte_counts @ pool_logp) / safe[:, 0]
     return cols
+
+
+def byte_log_probs(totals: np.ndarray) -> np.ndarray:
+    """float64 [256]: log p_pool(byte), the pool's byte histogram ``totals`` [256] smoothed by one count each."""
+    totals = np.asarray(totals, dtype=np.float64)
+    return np.log((totals + 1.0) / (totals.sum() + 256.0))
 
 
 def prefix_quota(lengths: np.ndarray, budget: int | None) -> int:
@@ -253,7 +259,7 @@ def proxy_features(
     T = cfg.proxy.seq_len
     with costs.stage("pack"):
         docs = [pool.tokens(i) for i in range(len(pool))]
-        lengths = np.asarray([d.size for d in docs])
+        lengths = np.asarray(pool.n_tokens, dtype=np.int64)
         quota = prefix_quota(lengths, cfg.proxy_tokens)
         cap = cfg.score_tokens
         score_on = pack_documents(docs if cap is None else [d[:cap] for d in docs], T)
