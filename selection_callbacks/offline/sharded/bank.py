@@ -14,12 +14,10 @@ The driver holds per-document columns and those prefixes, never the pool's whole
 from __future__ import annotations
 
 from dataclasses import asdict, dataclass
-from pathlib import Path
 
 import numpy as np
 
 from selection_callbacks.core.costs import StageCosts
-from selection_callbacks.data.readers import source_files
 from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.offline.corpus import Corpus, SelectionError
 from selection_callbacks.offline.dsir import DSIRConfig, bucket_log_ratio, target_bucket_counts
@@ -27,7 +25,7 @@ from selection_callbacks.offline.features import (
     NUMERIC_FEATURES, FeatureBank, FeatureConfig, byte_log_probs, kmeans, prefix_quota, proxy_features,
 )
 from selection_callbacks.offline.sharded.runner import ShardedEngine
-from selection_callbacks.offline.sharded.shards import PoolShards
+from selection_callbacks.offline.sharded.shards import PoolShards, file_fingerprint
 from selection_callbacks.offline.sharded.tables import (
     TableIndex, count_task, embed_task, read_columns, read_embeddings, read_index, read_totals, score_task,
 )
@@ -46,11 +44,6 @@ class ScoredPool:
     columns: dict[str, np.ndarray]
 
 
-def _files(path: str) -> list[dict]:
-    return [{"path": str(f.resolve()), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns}
-            for f in source_files(path)]
-
-
 def score_pool(engine: ShardedEngine, shards: PoolShards, target: Corpus, dsir: DSIRConfig, seq_len: int,
                costs: StageCosts) -> ScoredPool:
     """Stages ``count`` and ``score`` with the global statistics between them."""
@@ -61,7 +54,7 @@ def score_pool(engine: ShardedEngine, shards: PoolShards, target: Corpus, dsir: 
         byte_logp = byte_log_probs(totals["bytes"])
         ratio = bucket_log_ratio(target_bucket_counts(target.texts, dsir.num_buckets),
                                  totals["buckets"].astype(np.float64), dsir)
-    score_settings = {**count_settings, "dsir": asdict(dsir), "target": _files(target.path)}
+    score_settings = {**count_settings, "dsir": asdict(dsir), "target": file_fingerprint(target.path)}
     score_paths = engine.run_stage("score", score_task, shards, {"byte_logp": byte_logp, "dsir_ratio": ratio},
                                    score_settings)
     with costs.stage("read tables"):

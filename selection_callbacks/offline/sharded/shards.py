@@ -18,7 +18,7 @@ from selection_callbacks.core.io import atomic_path, write_json_atomic
 from selection_callbacks.data.readers import iter_documents, source_files
 from selection_callbacks.offline.corpus import SelectionError
 
-__all__ = ["PoolShards", "shard_pool"]
+__all__ = ["PoolShards", "file_fingerprint", "shard_pool"]
 
 SCHEMA = pa.schema([("id", pa.string()), ("domain", pa.string()), ("text", pa.string())])
 
@@ -46,10 +46,10 @@ class PoolShards:
         return pq.read_table(self.path(k), columns=["text"]).column("text").to_pylist()
 
 
-def _fingerprint(pool: str | Path, n_shards: int) -> dict:
-    files = [{"path": str(f.resolve()), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns}
-             for f in source_files(pool)]
-    return {"pool": str(pool), "files": files, "shards": n_shards}
+def file_fingerprint(source: str | Path) -> list[dict]:
+    """Path, size and mtime of every file of a source: what a written result was computed from."""
+    return [{"path": str(f.resolve()), "size": f.stat().st_size, "mtime_ns": f.stat().st_mtime_ns}
+            for f in source_files(source)]
 
 
 def shard_pool(pool: str | Path, root: str | Path, n_shards: int) -> PoolShards:
@@ -61,7 +61,7 @@ def shard_pool(pool: str | Path, root: str | Path, n_shards: int) -> PoolShards:
         raise SelectionError(f"--shards must be ≥ 1, got {n_shards}")
     root = Path(root)
     record = root / "pool.json"
-    source = _fingerprint(pool, n_shards)
+    source = {"pool": str(pool), "files": file_fingerprint(pool), "shards": n_shards}
     if record.exists():
         done = json.loads(record.read_text())
         if done["source"] == source:
