@@ -42,7 +42,7 @@ from selection_callbacks.offline.features import FeatureBank, FeatureConfig, fea
 
 __all__ = [
     "BANK_QUALITY", "DIVERSITIES", "DatamaskConfig", "DatamaskResult", "bank_quality", "datamask", "gumbel_top_s",
-    "heuristic_quality", "mask_sums", "pairwise_diversity", "plackett_luce_grad", "select_datamask", "standardise",
+    "heuristic_quality", "mask_selection", "mask_sums", "pairwise_diversity", "plackett_luce_grad", "select_datamask", "standardise",
     "text_heuristics",
 ]
 
@@ -478,12 +478,22 @@ def select_datamask(
     else:
         quality = heuristic_quality(pool.texts, emb, embedder.embed(target.texts))
     seconds_inputs = time.perf_counter() - start
-    n = len(pool)
+    selection = mask_selection(quality, emb, pool.n_tokens, budget, seed, cfg, progress)
+    selection.info.update({"embedder": embedder.name, "seconds_embed_and_quality": round(seconds_inputs, 2)})
+    return selection
+
+
+def mask_selection(
+    quality: np.ndarray, emb: np.ndarray, n_tokens: np.ndarray, budget: Budget, seed: int, cfg: DatamaskConfig,
+    progress: bool = True,
+) -> Selection:
+    """DATAMASK on quality [D], embeddings [D, d] and tokens [D]: the ordering of :func:`select_datamask`, cut by the budget."""
+    n = len(quality)
     by_quality = np.argsort(-quality, kind="stable")
     if budget.docs is not None:
         size = budget.docs
     else:
-        size = min(n, -(-budget.tokens // int(pool.n_tokens[by_quality[: n - int(cfg.prune * n)]].mean())))
+        size = min(n, -(-budget.tokens // int(n_tokens[by_quality[: n - int(cfg.prune * n)]].mean())))
     res = datamask(quality, emb, size, lam=cfg.lam, groups=cfg.groups, iterations=cfg.iterations, lr=cfg.lr,
                    prune=cfg.prune, update_fraction=cfg.update_fraction, chunk_size=cfg.chunk_size,
                    diversity=cfg.diversity, seed=seed, progress=progress)
@@ -495,12 +505,10 @@ def select_datamask(
         np.flatnonzero(~in_mask & ~pruned)[np.argsort(-res.logits[~in_mask & ~pruned], kind="stable")],
         by_quality[pruned[by_quality]],
     ])
-    chosen = budget.take(order, pool.n_tokens)
+    chosen = budget.take(order, n_tokens)
     return Selection(chosen, {
         "mask_documents": int(size),
         "quality": cfg.quality,
-        "embedder": embedder.name,
-        "seconds_embed_and_quality": round(seconds_inputs, 2),
         "seconds_datamask": {k: round(v, 2) for k, v in res.seconds.items()},
         "final_objective": res.final_objective.tolist(),
         "objective_first_last": res.history[:, [0, -1]].mean(0).tolist() if cfg.iterations else [],

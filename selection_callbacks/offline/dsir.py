@@ -23,7 +23,7 @@ from selection_callbacks.core.sampling import gumbel_order
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection
 
 __all__ = [
-    "DSIRConfig", "hashed_ngrams", "log_importance", "select_dsir",
+    "DSIRConfig", "bucket_log_ratio", "hashed_ngrams", "log_importance", "resample", "select_dsir", "target_bucket_counts",
 ]
 
 _TOKEN = re.compile(r"\w+|[^\w\s]", re.UNICODE)
@@ -57,6 +57,21 @@ def _bucket_log_probs(counts: np.ndarray, alpha: float) -> np.ndarray:
     return np.log(counts + alpha) - np.log(counts.sum() + alpha * counts.size)
 
 
+def target_bucket_counts(texts: list[str], num_buckets: int) -> np.ndarray:
+    """float64 [B]: the target's n-gram counts per bucket."""
+    counts = np.zeros(num_buckets)
+    for t in texts:
+        counts += np.bincount(hashed_ngrams(t, num_buckets), minlength=num_buckets)
+    return counts
+
+
+def bucket_log_ratio(target_counts: np.ndarray, pool_counts: np.ndarray, cfg: DSIRConfig) -> np.ndarray:
+    """float64 [B]: log p_target(b) − log p_raw(b), both smoothed by α; a pool document's log w sums it over its n-grams."""
+    if cfg.num_buckets < 1 or cfg.smoothing <= 0:
+        raise ValueError(f"DSIR needs num_buckets ≥ 1 and smoothing > 0, got {cfg.num_buckets}, {cfg.smoothing}")
+    return _bucket_log_probs(target_counts, cfg.smoothing) - _bucket_log_probs(pool_counts, cfg.smoothing)
+
+
 def log_importance(
     pool: Corpus, target: Corpus, cfg: DSIRConfig, progress: bool = True
 ) -> tuple[np.ndarray, np.ndarray]:
@@ -67,11 +82,8 @@ def log_importance(
     pool_buckets = [
         hashed_ngrams(t, B) for t in tqdm(pool.texts, desc="DSIR: hashing pool", unit="doc", disable=not progress)
     ]
-    target_counts = np.zeros(B)
-    for t in target.texts:
-        target_counts += np.bincount(hashed_ngrams(t, B), minlength=B)
     pool_counts = np.bincount(np.concatenate(pool_buckets), minlength=B).astype(np.float64)
-    diff = _bucket_log_probs(target_counts, cfg.smoothing) - _bucket_log_probs(pool_counts, cfg.smoothing)
+    diff = bucket_log_ratio(target_bucket_counts(target.texts, B), pool_counts, cfg)
     logw = np.asarray([diff[b].sum() for b in pool_buckets])
     return logw, np.asarray([b.size for b in pool_buckets], dtype=np.int64)
 
@@ -81,8 +93,13 @@ def select_dsir(
 ) -> Selection:
     """Gumbel-top-k on log w(x), cut by the budget."""
     logw, _ = log_importance(pool, target, cfg, progress)
+    return resample(logw, pool.n_tokens, budget, seed)
+
+
+def resample(logw: np.ndarray, n_tokens: np.ndarray, budget: Budget, seed: int) -> Selection:
+    """Gumbel-top-k on log w [D] (seeded by ``seed``), cut by the budget."""
     order = gumbel_order(logw, np.random.default_rng([seed, 0xD51]))
-    chosen = budget.take(order, pool.n_tokens)
+    chosen = budget.take(order, n_tokens)
     q = np.quantile(logw, [0.0, 0.5, 1.0])
     return Selection(
         chosen,

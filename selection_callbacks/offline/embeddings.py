@@ -49,7 +49,8 @@ class HashedNgramEmbedder:
     def __init__(self, dim: int = 2048, max_words: int = 2000) -> None:
         self.dim, self.max_words = dim, max_words
 
-    def _vector(self, text: str) -> np.ndarray:
+    def vector(self, text: str) -> np.ndarray:
+        """float32 [dim] of one document: the same for it whatever else is embedded."""
         words = _WORD.findall(text.lower())[: self.max_words]
         grams = words + [f"{a} {b}" for a, b in zip(words, words[1:])]
         v = np.zeros(self.dim, dtype=np.float32)
@@ -62,7 +63,7 @@ class HashedNgramEmbedder:
         return v / n if n > 0 else v
 
     def embed(self, texts: list[str]) -> np.ndarray:
-        return np.stack([self._vector(t) for t in tqdm(texts, desc="embedding (hashed n-grams)", unit="doc")])
+        return np.stack([self.vector(t) for t in tqdm(texts, desc="embedding (hashed n-grams)", unit="doc")])
 
 
 class MiniLMEmbedder:

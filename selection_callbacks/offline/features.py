@@ -193,22 +193,48 @@ def text_features(pool: Corpus, seq_len: int, progress: bool = True) -> dict[str
     byte_counts = np.zeros((D, 256))
     distinct = np.zeros((D, len(NGRAM_ORDERS)))
     for i, text in enumerate(tqdm(pool.texts, desc="features: text", unit="doc", disable=not progress)):
-        byte_counts[i] = np.bincount(np.frombuffer(text.encode("utf-8", errors="replace"), np.uint8), minlength=256)
-        words = text.split()
-        distinct[i] = [distinct_ratio(words, n) for n in NGRAM_ORDERS]
+        byte_counts[i] = byte_histogram(text)
+        distinct[i] = distinct_ratios(text)
+    by_bytes = byte_columns(byte_counts)
+    cols = {"n_bytes": by_bytes["n_bytes"], "n_tokens": pool.n_tokens.astype(np.float64)}
+    cols.update({f"distinct_{n}": distinct[:, j] for j, n in enumerate(NGRAM_ORDERS)})
+    cols["non_ascii"] = by_bytes["non_ascii"]
+    cols["byte_entropy"] = by_bytes["byte_entropy"]
+    cols["bos_per_seq"] = seq_len / pool.n_tokens
+    cols["log_freq"] = log_frequency(byte_counts, byte_log_probs(byte_counts.sum(0)))
+    return cols
+
+
+def byte_histogram(text: str) -> np.ndarray:
+    """int64 [256]: counts of the document's UTF-8 bytes."""
+    return np.bincount(np.frombuffer(text.encode("utf-8", errors="replace"), np.uint8), minlength=256)
+
+
+def distinct_ratios(text: str) -> list[float]:
+    """:func:`distinct_ratio` of the document's whitespace words for n in NGRAM_ORDERS."""
+    words = text.split()
+    return [distinct_ratio(words, n) for n in NGRAM_ORDERS]
+
+
+def byte_columns(byte_counts: np.ndarray) -> dict[str, np.ndarray]:
+    """``n_bytes``, ``non_ascii`` (share of bytes ≥ 128) and ``byte_entropy`` (bits) [n] of byte histograms [n, 256]."""
     n_bytes = byte_counts.sum(1)
     safe = np.maximum(n_bytes, 1)[:, None]
     p = byte_counts / safe
     with np.errstate(divide="ignore", invalid="ignore"):
         entropy = -np.where(p > 0, p * np.log2(p), 0.0).sum(1)
-    pool_logp = np.log((byte_counts.sum(0) + 1.0) / (byte_counts.sum() + 256.0))
-    cols = {"n_bytes": n_bytes, "n_tokens": pool.n_tokens.astype(np.float64)}
-    cols.update({f"distinct_{n}": distinct[:, j] for j, n in enumerate(NGRAM_ORDERS)})
-    cols["non_ascii"] = byte_counts[:, 128:].sum(1) / safe[:, 0]
-    cols["byte_entropy"] = entropy
-    cols["bos_per_seq"] = seq_len / pool.n_tokens
-    cols["log_freq"] = (byte_counts @ pool_logp) / safe[:, 0]
-    return cols
+    return {"n_bytes": n_bytes, "non_ascii": byte_counts[:, 128:].sum(1) / safe[:, 0], "byte_entropy": entropy}
+
+
+def log_frequency(byte_counts: np.ndarray, byte_logp: np.ndarray) -> np.ndarray:
+    """``log_freq`` [n]: the mean over a document's bytes of log p_pool(byte), from histograms [n, 256]."""
+    return (byte_counts @ byte_logp) / np.maximum(byte_counts.sum(1), 1)
+
+
+def byte_log_probs(totals: np.ndarray) -> np.ndarray:
+    """float64 [256]: log p_pool(byte), the pool's byte histogram ``totals`` [256] smoothed by one count each."""
+    totals = np.asarray(totals, dtype=np.float64)
+    return np.log((totals + 1.0) / (totals.sum() + 256.0))
 
 
 def prefix_quota(lengths: np.ndarray, budget: int | None) -> int:
@@ -253,7 +279,7 @@ def proxy_features(
     T = cfg.proxy.seq_len
     with costs.stage("pack"):
         docs = [pool.tokens(i) for i in range(len(pool))]
-        lengths = np.asarray([d.size for d in docs])
+        lengths = np.asarray(pool.n_tokens, dtype=np.int64)
         quota = prefix_quota(lengths, cfg.proxy_tokens)
         cap = cfg.score_tokens
         score_on = pack_documents(docs if cap is None else [d[:cap] for d in docs], T)

@@ -28,12 +28,10 @@ from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import numpy as np
 import yaml
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.core.arguments import add_pool_arguments, command_parser
-from selection_callbacks.data.subset import write_subset
 from selection_callbacks.offline.autodata.search import AutoDataConfig, select_autodata
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
 from selection_callbacks.offline.datamask import DatamaskConfig, select_datamask
@@ -41,10 +39,9 @@ from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
 from selection_callbacks.offline.features import FEATURE_VERSION
 from selection_callbacks.offline.oracle import OracleConfig, select_oracle
 from selection_callbacks.offline.policy import PolicyConfig, select_policy
+from selection_callbacks.offline.sharded.select import ENGINES, SHARDED_METHODS, EngineConfig, run_sharded_selection
+from selection_callbacks.offline.summary import SelectionRun, write_selection
 from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, select_warmup_delta
-
-QUANTILES = (0.0, 0.1, 0.5, 0.9, 1.0)
-
 
 @dataclass(frozen=True)
 class Selector:
@@ -94,57 +91,8 @@ def run_selection(
     pool_c, target_c = load_corpus(pool, "pool"), load_corpus(target, "target")
     budget.check(pool_c)
     selection = spec.select(pool_c, target_c, budget, seed, config, progress)
-    seconds = time.perf_counter() - start
-    idx = np.asarray(selection.indices, dtype=np.int64)
-    if np.unique(idx).size != idx.size or not np.array_equal(budget.take(idx, pool_c.n_tokens), idx):
-        raise RuntimeError(f"selector {method!r} returned repeated documents or not exactly the budget")
-    out = Path(out)
-    write_subset(out, "doc_id", pool_c.ids[idx].tolist())
-    lengths = np.quantile(pool_c.n_tokens[idx], QUANTILES).tolist()
-    summary = {
-        "method": method,
-        "seed": seed,
-        "pool": str(pool),
-        "target": str(target),
-        "subset": str(out),
-        "budget": {"tokens": budget.tokens, "docs": budget.docs},
-        "documents": int(idx.size),
-        "tokens": int(pool_c.n_tokens[idx].sum()),
-        "seconds": round(seconds, 2),
-        "domains": composition(pool_c, idx),
-        "length_tokens_quantiles": dict(zip(map(str, QUANTILES), lengths)),
-        "config": asdict(config),
-        "info": selection.info,
-    }
-    Path(f"{out}.summary.json").write_text(json.dumps(summary, indent=1))
-    print_summary(summary)
-    return summary
-
-
-def composition(pool: Corpus, idx: np.ndarray) -> dict[str, dict[str, float]]:
-    """Per domain: chosen documents, share of the chosen tokens, and the domain's share of the pool's tokens."""
-    chosen_tokens = pool.n_tokens[idx].sum()
-    out = {}
-    for d in np.unique(pool.domains):
-        mine = pool.domains[idx] == d
-        out[str(d)] = {
-            "docs": int(mine.sum()),
-            "token_share": float(pool.n_tokens[idx][mine].sum() / chosen_tokens),
-            "pool_token_share": float(pool.n_tokens[pool.domains == d].sum() / pool.n_tokens.sum()),
-        }
-    return out
-
-
-def print_summary(s: dict[str, Any]) -> None:
-    b = s["budget"]
-    budget = f"{b['docs']} documents" if b["docs"] is not None else f"{b['tokens']:,} tokens"
-    print(f"[select] {s['method']} (seed {s['seed']}): {s['documents']} documents, {s['tokens']:,} tokens "
-          f"(budget {budget}) in {s['seconds']:.1f} s -> {s['subset']}")
-    print(f"  {'domain':<14s} {'docs':>6s} {'tokens':>8s} {'pool':>8s}")
-    for d, c in sorted(s["domains"].items(), key=lambda kv: -kv[1]["token_share"]):
-        print(f"  {d:<14s} {c['docs']:>6d} {c['token_share']:>8.1%} {c['pool_token_share']:>8.1%}")
-    q = s["length_tokens_quantiles"]
-    print("  length (tokens): " + ", ".join(f"q{float(k):g}={v:.0f}" for k, v in q.items()))
+    run = SelectionRun(method, str(pool), str(target), budget, seed, config)
+    return write_selection(run, pool_c, selection, Path(out), time.perf_counter() - start)
 
 
 def config_with(config: Any, overrides: Sequence[tuple[str, str]]) -> Any:
@@ -202,8 +150,21 @@ def build_parser(parent: ActionSubCommands | None = None, name: str = "select") 
         a.add_argument("--out", required=True, help="subset parquet to write")
         a.add_argument("--progress", type=bool, default=True, help="progress bars")
         a.add_class_arguments(spec.config, None)
+        if method in SHARDED_METHODS:
+            add_engine_arguments(a)
         sub.add_subcommand(method, a, help=spec.help)
     return p
+
+
+def add_engine_arguments(parser: ArgumentParser) -> None:
+    """``--engine local|ray`` and the sharded path's ``--workers``, ``--shards``, ``--work-dir``, ``--address``."""
+    d = EngineConfig()
+    parser.add_argument("--engine", choices=ENGINES, default=d.engine,
+                        help="local: one process (default); ray: Ray Data map tasks over parquet shards, resumable")
+    parser.add_argument("--workers", type=int, default=d.workers, help="ray: map tasks at a time (local cluster CPUs)")
+    parser.add_argument("--shards", type=int, default=d.shards, help="ray: parquet shards of the pool")
+    parser.add_argument("--work-dir", default=d.work_dir, help="ray: shards and stage tables (default <out>.work)")
+    parser.add_argument("--address", default=d.address, help="ray: a running cluster's address (default: start one)")
 
 
 def run(ns: Namespace) -> dict[str, Any]:
@@ -211,6 +172,9 @@ def run(ns: Namespace) -> dict[str, Any]:
     a = ns[ns.method]
     config = SELECTORS[ns.method].config(**{f.name: a[f.name] for f in fields(SELECTORS[ns.method].config)})
     budget = Budget(tokens=a.budget_tokens, docs=a.budget_docs)
+    if a.get("engine", "local") == "ray":
+        engine = EngineConfig("ray", a.workers, a.shards, a.work_dir, a.address)
+        return run_sharded_selection(ns.method, a.pool, a.target, budget, a.seed, a.out, config, engine, a.progress)
     return run_selection(ns.method, a.pool, a.target, budget, a.seed, a.out, config, a.progress)
 
 

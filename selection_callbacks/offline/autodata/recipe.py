@@ -62,7 +62,7 @@ __all__ = [
     "CATEGORICAL", "DERIVED_FEATURES", "EPS", "FEATURES", "FeatureTable", "GATE_KEYS", "PRESET_DIR", "RECIPE_KEYS",
     "RULES", "RULE_DEFAULTS", "RecipeError", "TERM_KEYS", "apply_recipe_inline", "apply_term_recipe", "cell_ids",
     "check_subset", "composite_score", "feature_table", "load_recipe", "recipe_features", "robust_tanh_z", "rule_order",
-    "run_recipe", "validate_recipe",
+    "run_recipe", "table_from_bank", "validate_recipe",
 ]
 
 DERIVED_FEATURES = ("distinct_avg", "chars_per_token")
@@ -115,15 +115,20 @@ def feature_table(bank: FeatureBank, pool: Corpus) -> FeatureTable:
     (Unicode characters per byte token) and ``length_bin`` (n_tokens quartile, 0..3)."""
     if not np.array_equal(bank.ids, pool.ids):
         raise ValueError("the feature bank was computed for another pool (document ids differ)")
+    return table_from_bank(bank, np.asarray([len(t) for t in pool.texts]), pool.n_tokens)
+
+
+def table_from_bank(bank: FeatureBank, n_chars: np.ndarray, n_tokens: np.ndarray) -> FeatureTable:
+    """:func:`feature_table` from the bank and each document's Unicode characters [D] and tokens [D], no text."""
     numeric = {n: bank.columns[n].astype(np.float64) for n in NUMERIC_FEATURES}
     numeric["distinct_avg"] = np.mean([numeric[f"distinct_{n}"] for n in NGRAM_ORDERS], axis=0)
-    numeric["chars_per_token"] = np.asarray([len(t) for t in pool.texts], dtype=np.float64) / pool.n_tokens
-    edges = np.quantile(pool.n_tokens, [0.25, 0.5, 0.75])
+    numeric["chars_per_token"] = np.asarray(n_chars, dtype=np.float64) / n_tokens
+    edges = np.quantile(n_tokens, [0.25, 0.5, 0.75])
     categorical = {
         "cluster": bank.columns["cluster"].astype(np.int64),
-        "length_bin": np.searchsorted(edges, pool.n_tokens, side="right").astype(np.int64),
+        "length_bin": np.searchsorted(edges, n_tokens, side="right").astype(np.int64),
     }
-    return FeatureTable(numeric, categorical, pool.n_tokens.astype(np.int64))
+    return FeatureTable(numeric, categorical, np.asarray(n_tokens).astype(np.int64))
 
 
 # ---------------------------------------------------------------- validation

@@ -76,8 +76,12 @@ def select_autodata(
     pool: Corpus, target: Corpus, budget: Budget, seed: int, cfg: AutoDataConfig, progress: bool = True
 ) -> Selection:
     """The recipe's subset of the pool for ``budget`` (a failing recipe is an error here, naming why)."""
+    return apply_recipe(feature_table(feature_bank(pool, target, cfg.bank, progress=progress), pool), budget, seed, cfg)
+
+
+def apply_recipe(table: FeatureTable, budget: Budget, seed: int, cfg: AutoDataConfig) -> Selection:
+    """``cfg.recipe`` run on a feature table (a failing recipe is an error here, naming why)."""
     recipe = load_recipe(cfg.recipe)
-    table = feature_table(feature_bank(pool, target, cfg.bank, progress=progress), pool)
     try:
         idx = run_recipe(recipe, table, budget, seed, cfg.timeout)
     except RecipeError as e:
