@@ -2,8 +2,15 @@
 
 from __future__ import annotations
 
+import contextlib
 import filecmp
 import json
+import os
+import signal
+import subprocess
+import sys
+import tempfile
+import time
 from pathlib import Path
 
 import numpy as np
@@ -126,6 +133,91 @@ def test_a_crashed_sharded_run_resumes_to_the_uninterrupted_subset(default_corpu
     stages = json.loads(Path(f"{resumed}.stages.json").read_text())["map_stages"]
     assert (stages["count"]["shards_computed"], stages["count"]["shards_reused"]) == (0, 6)
     assert (stages["score"]["shards_computed"], stages["score"]["shards_reused"]) == (4, 2)
+
+
+def _manifest_counts(work: Path) -> dict[str, int]:
+    """Shards each map stage's manifest records (written atomically), by stage name (``count``, ``score``)."""
+    return {m.parent.name.rsplit("-", 1)[0]: len(json.loads(m.read_text())["shards"])
+            for m in work.glob("*-*/manifest.json")}
+
+
+def _processes_with_env(entry: str) -> list[int]:
+    """Pids of this user's processes whose environment holds ``entry`` (``NAME=value``)."""
+    pids = []
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and entry.encode() in (proc / "environ").read_bytes().split(b"\0"):
+                pids.append(int(proc.name))
+        except OSError:  # gone, or another user's
+            continue
+    return pids
+
+
+def _wait_gone(entry: str, timeout: float) -> list[int]:
+    """Waits until no process holds ``entry`` in its environment; the stragglers at ``timeout`` (SIGKILLed)."""
+    deadline = time.monotonic() + timeout
+    while (left := _processes_with_env(entry)) and time.monotonic() < deadline:
+        time.sleep(0.2)
+    for pid in left:
+        with contextlib.suppress(ProcessLookupError):
+            os.kill(pid, signal.SIGKILL)
+    return left
+
+
+def test_a_sigkilled_sharded_run_resumes_to_the_uninterrupted_subset(default_corpus, local_ray, tmp_path) -> None:
+    """``select dsir --engine ray`` in a child process, SIGKILLed (its process group) once ``count`` has written
+    some but not all of its 12 shards; its Ray processes end with it, and rerunning the same command computes only
+    the missing shards and writes the uninterrupted run's subset byte for byte.
+
+    The child starts its own local cluster under a temporary ``RAY_TMPDIR``, which every Ray process it spawns
+    inherits, so the test finds (and on failure kills) exactly that cluster's processes and no other.
+    """
+    shards, work, out = 12, tmp_path / "work", tmp_path / "subset.parquet"
+    args = ["dsir", "--pool", default_corpus["pool"], "--target", default_corpus["target"], "--budget-tokens",
+            "2000000", "--seed", "3", "--engine", "ray", "--workers", "2", "--shards", str(shards), "--progress",
+            "false"]
+    main([*args, "--out", str(tmp_path / "whole.parquet"), "--work-dir", str(tmp_path / "whole-work")])
+
+    with tempfile.TemporaryDirectory(prefix="ray-kill-", ignore_cleanup_errors=True) as ray_tmp:
+        marker = f"RAY_TMPDIR={ray_tmp}"
+        env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
+        env |= {"RAY_TMPDIR": ray_tmp, "PYTHONPATH": os.pathsep.join(
+            [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])])}
+        command = [sys.executable, "-m", "selection_callbacks", "select", *args, "--out", str(out),
+                   "--work-dir", str(work)]
+        log = tmp_path / "killed.log"
+        try:
+            with log.open("wb") as sink:
+                child = subprocess.Popen(command, env=env, stdout=sink, stderr=subprocess.STDOUT,
+                                         start_new_session=True)
+            try:
+                deadline = time.monotonic() + 120
+                while not 0 < (seen := _manifest_counts(work)).get("count", 0) < shards:
+                    if child.poll() is not None or time.monotonic() > deadline or seen.get("count") == shards:
+                        pytest.fail(f"never saw count part-written (manifests {seen}, exit {child.poll()}); "
+                                    f"log tail:\n{log.read_text()[-2000:]}")
+                    time.sleep(0.01)
+            finally:
+                with contextlib.suppress(ProcessLookupError):
+                    os.killpg(child.pid, signal.SIGKILL)
+                child.wait()
+            assert not (left := _wait_gone(marker, 30)), f"Ray processes {left} outlived the killed run"
+            assert not out.exists()
+            before = _manifest_counts(work)
+            assert 0 < sum(before.values()) < 2 * shards, before
+
+            rerun = subprocess.run(command, env=env, capture_output=True, text=True, timeout=120,
+                                   start_new_session=True)
+            assert rerun.returncode == 0, rerun.stdout[-2000:] + rerun.stderr[-2000:]
+            assert not (left := _wait_gone(marker, 30)), f"Ray processes {left} outlived the rerun"
+        finally:
+            _wait_gone(marker, 0)  # what a failed step left of this run's cluster
+
+    assert filecmp.cmp(tmp_path / "whole.parquet", out, shallow=False)
+    stages = json.loads(Path(f"{out}.stages.json").read_text())["map_stages"]
+    for stage in ("count", "score"):
+        reused = before.get(stage, 0)
+        assert (stages[stage]["shards_reused"], stages[stage]["shards_computed"]) == (reused, shards - reused), stage
 
 
 def test_cli_engine_ray_and_its_errors(default_corpus, local_ray, tmp_path) -> None:
