@@ -13,6 +13,7 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 import train
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.learner.lit_gpt import LitGPT
+from selection_callbacks.learner.hf_causal_lm import LitCausalLM
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RandomSelection
@@ -48,8 +49,11 @@ def test_short_run_per_method_config(tiny_corpus, tmp_path: Path, method: str, c
 def test_scale_configs_parse(tiny_corpus, scale: str) -> None:
     args = ["--config", str(ROOT / f"configs/scale/{scale}.yaml"), "--config", str(ROOT / "configs/method/random.yaml"),
             *_data_args(tiny_corpus), "--trainer.accelerator", "cpu", "--trainer.precision", "32-true"]
-    cli = train.SelectionCLI(LitGPT, PoolDataModule, args=args, run=False)
-    assert cli.model.config.block_size == 32
+    cli = train.SelectionCLI(L.LightningModule, PoolDataModule, subclass_mode_model=True, args=args, run=False)
+    if isinstance(cli.model, LitGPT):
+        assert cli.model.config.block_size == 32  # the GPT's context follows data.seq_len
+    else:  # a scale that names a transformers learner (cpu-tiny-llama)
+        assert isinstance(cli.model, LitCausalLM) and cli.model.config.max_position_embeddings >= 32
     assert isinstance(cli.trainer.callbacks[0], RandomSelection)
 
 
