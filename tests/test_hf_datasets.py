@@ -6,25 +6,19 @@ from __future__ import annotations
 from pathlib import Path
 
 import datasets
-import lightning as L
-import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-from lightning.pytorch.callbacks import Callback, ModelCheckpoint
 
 from bench.toy_corpus import make_docs
 from selection_callbacks.data.datamodule import PoolDataModule
-from selection_callbacks.data.packing import pack_source
 from selection_callbacks.data.readers import Columns, DataSourceError, iter_documents, stream_documents
 from selection_callbacks.data.stream_loader import StreamingSuperbatchLoader
 from selection_callbacks.data.tokenizer import ByteTokenizer
-from selection_callbacks.learner.lit_gpt import LitGPT
-from selection_callbacks.methods import RandomSelection
-from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.offline.corpus import load_corpus
 from tests.conftest import write_jsonl
+from tests.resume_fit import SeenIds, fit_recording_ids
 
 
 @pytest.fixture(autouse=True)
@@ -169,31 +163,11 @@ def _saved(state: dict, tmp_path: Path) -> Path:
     return tmp_path / "state.pt"
 
 
-class SelectedIds(Callback):
-    """Sample ids each step trains on (after the selector subset the superbatch)."""
-
-    def __init__(self) -> None:
-        self.ids: list[list[int]] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.ids.append(batch["sample_id"].tolist())
-
-
 def _fit(saved: dict[str, str], root: Path, steps: int, ckpt_every: int | None = None,
-         ckpt_path: str | None = None) -> SelectedIds:
-    torch.manual_seed(0)
-    seen = SelectedIds()
-    callbacks = [RandomSelection(0.5, seed=1), seen]
-    if ckpt_every:
-        callbacks.append(ModelCheckpoint(dirpath=root, every_n_train_steps=ckpt_every, save_top_k=-1))
-    trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=callbacks, logger=False,
-                        enable_progress_bar=False, limit_val_batches=0, enable_model_summary=False,
-                        enable_checkpointing=bool(ckpt_every))
+         ckpt_path: str | None = None) -> SeenIds:
     dm = PoolDataModule(saved["pool"], saved["target"], saved["val"], seq_len=32, batch_size=4, ratio=0.5, seed=3,
                         progress=False, streaming=True, shuffle_buffer=16, **COLUMN_ARGS)
-    trainer.fit(LitGPT(GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=32), warmup_steps=1), datamodule=dm,
-                ckpt_path=ckpt_path)
-    return seen
+    return fit_recording_ids(dm, root, steps, ckpt_every, ckpt_path)
 
 
 def test_streamed_run_killed_mid_epoch_and_resumed_selects_what_the_full_run_selects(saved, tmp_path: Path) -> None:

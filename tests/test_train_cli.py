@@ -7,16 +7,14 @@ from pathlib import Path
 
 import lightning as L
 import pytest
-import torch
-from lightning.pytorch.callbacks import ModelCheckpoint
 
 import train
-from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.learner.lit_gpt import LitGPT
 from selection_callbacks.learner.hf_causal_lm import LitCausalLM
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RandomSelection
+from tests.resume_fit import SeenIds, fit_recording_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = sorted(p.stem for p in (ROOT / "configs" / "method").glob("*.yaml"))
@@ -57,28 +55,10 @@ def test_scale_configs_parse(tiny_corpus, scale: str) -> None:
     assert isinstance(cli.trainer.callbacks[0], RandomSelection)
 
 
-class SeenIds(L.Callback):
-    def __init__(self) -> None:
-        self.ids: list[list[int]] = []
-
-    def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.ids.append(batch["sample_id"].tolist())
-
-
 def _fit(corpus, root: Path, steps: int, ckpt_every: int | None = None, ckpt_path: str | None = None) -> SeenIds:
-    torch.manual_seed(0)
-    seen = SeenIds()
-    callbacks = [RandomSelection(0.5, seed=1), seen]
-    if ckpt_every:
-        callbacks.append(ModelCheckpoint(dirpath=root, every_n_train_steps=ckpt_every, save_top_k=-1))
-    trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=callbacks, logger=False,
-                        enable_progress_bar=False, limit_val_batches=0, enable_model_summary=False,
-                        enable_checkpointing=bool(ckpt_every))
     dm = PoolDataModule(corpus["pool"], corpus["target"], corpus["val"], seq_len=32, batch_size=4, ratio=0.5,
                         seed=3, progress=False)
-    trainer.fit(LitGPT(GPTConfig(block_size=32, n_layer=1, n_head=2, n_embd=32), warmup_steps=1), datamodule=dm,
-                ckpt_path=ckpt_path)
-    return seen
+    return fit_recording_ids(dm, root, steps, ckpt_every, ckpt_path)
 
 
 def test_mid_epoch_resume_continues_the_candidate_stream(tiny_corpus, tmp_path: Path) -> None:
