@@ -81,7 +81,8 @@ class PackedSplit:
         """The superbatch contract: ``input_ids``/``labels`` [n, T], ``sample_id`` and ``domain`` [n];
         with per-token bytes also ``label_bytes`` [n, T], the original UTF-8 bytes of each label."""
         sample_ids = np.asarray(sample_ids, dtype=np.int64)
-        w = torch.from_numpy(self.windows(sample_ids))
+        idx = self._window_index(sample_ids)
+        w = torch.from_numpy(self.tokens[idx].astype(np.int64))
         out = {
             "input_ids": w[:, :-1].contiguous(),
             "labels": w[:, 1:].contiguous(),
@@ -89,7 +90,7 @@ class PackedSplit:
             "domain": torch.from_numpy(self.sample_domain[sample_ids].copy()),
         }
         if self.token_nbytes is not None:
-            out["label_bytes"] = torch.from_numpy(self.token_nbytes[self._window_index(sample_ids)[:, 1:]].astype(np.int64))
+            out["label_bytes"] = torch.from_numpy(self.token_nbytes[idx[:, 1:]].astype(np.int64))
         return out
 
     def sample_doc_ids(self, sample_id: int) -> list[str]:
