@@ -143,6 +143,7 @@ class PoolDataModule(L.LightningDataModule):
             raise ValueError("data.subset needs a packed pool (sample or document ids to look up); drop data.streaming")
         self.columns = Columns(text=text_column, id=id_column, domain=domain_column)
         self.streaming, self.shuffle_buffer = streaming, shuffle_buffer
+        self._count: StreamCount | None = None
         self.eot_id = eot_id
         self.splits: dict[str, PackedSplit] = {}
         self._train_ids: np.ndarray | None = None
@@ -160,7 +161,11 @@ class PoolDataModule(L.LightningDataModule):
         return self.splits["pool"].domain_names
 
     def _stream_count(self) -> StreamCount:
-        return count_stream(self.paths["pool"], self.seq_len, self.tokenizer, self.cache_dir, self.columns)
+        """The streamed pool's windows and domains: counted (or read from the cache) once per datamodule,
+        since ``domain_names`` is read on every training step."""
+        if self._count is None:
+            self._count = count_stream(self.paths["pool"], self.seq_len, self.tokenizer, self.cache_dir, self.columns)
+        return self._count
 
     def _pack(self, name: str, doc_filter: list[str] | None = None) -> PackedSplit:
         if self.pretokenized:
