@@ -61,7 +61,8 @@ class LitLanguageModel(L.LightningModule):
     def __init__(self, vocab_size: int) -> None:
         super().__init__()
         self.register_buffer("token_bytes", ByteTokenizer().token_bytes(vocab_size), persistent=False)
-        self.text_ids: torch.Tensor | None = None  # bool [V] for ``label_bytes`` batches: ids that are not specials
+        # bool [V] for ``label_bytes`` batches: ids that are not specials (a buffer: it moves with the module)
+        self.register_buffer("text_ids", None, persistent=False)
         self.val_nats = SumMetric()
         self.val_tokens = SumMetric()
         self.val_byte_nats = SumMetric()
@@ -105,7 +106,7 @@ class LitLanguageModel(L.LightningModule):
         self.val_nats.update((nll * mask).sum())
         self.val_tokens.update(mask.sum())
         if "label_bytes" in batch:  # per-position bytes: a token's count depends on where it sits
-            text = mask if self.text_ids is None else mask * self.text_ids.to(targets.device)[targets]
+            text = mask if self.text_ids is None else mask * self.text_ids[targets]
             self.val_byte_nats.update((nll * text).sum())
             self.val_bytes.update((batch["label_bytes"].to(nll.dtype) * mask).sum())
         elif self.token_bytes is not None:  # unknown for pre-tokenized data without a byte table
