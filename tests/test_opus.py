@@ -28,10 +28,11 @@ class Metrics(L.Callback):
         self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("select/")})
 
 
-def _fit(corpus, selector, steps: int, optimizer: str = "adamw", batch_size: int = 8, ratio: float = 0.5):
+def _fit(corpus, selector, steps: int, optimizer: str = "adamw", batch_size: int = 8, ratio: float = 0.5,
+         extra: list[L.Callback] = ()):
     torch.manual_seed(0)
     seen = Metrics()
-    trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=[selector, seen], logger=False,
+    trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=[selector, seen, *extra], logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
                         limit_val_batches=0)
     dm = PoolDataModule(corpus["pool"], corpus["target"], corpus["val"], seq_len=32, batch_size=batch_size,

@@ -113,11 +113,13 @@ def test_tensor_sketch_of_matrices_is_its_count_sketch(block, m, layers, offsets
 
 
 def test_opus_logs_the_real_sketch_error(tiny_corpus) -> None:
-    """Under AdamW the callback logs ρ, the factored layer count (0 by default) and the probed sketch error."""
+    """Under AdamW the callback logs ρ and the factored layer count (0 by default) every step, and the probed
+    sketch error on the diagnostic selections (the first and the sixth of six)."""
     from selection_callbacks.methods import OPUSSelection
     from tests.test_opus import _fit
 
-    seen = _fit(tiny_corpus, OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256, sketch_check=4, sketch_check_every=5), steps=6)
-    checked = [r for r in seen.rows if "select/sketch_error" in r]
-    assert checked and all(0 < r["select/sketch_error"] < 1 and abs(r["select/sketch_norm_bias"]) < 1 for r in checked)
+    selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256, sketch_check=4, diagnostics_every=5)
+    seen = _fit(tiny_corpus, selector, steps=6)
+    assert [c["step"] for c in selector.diagnostics] == [0, 5]
+    assert all(0 < c["sketch_error"] < 1 and abs(c["sketch_norm_bias"]) < 1 for c in selector.diagnostics)
     assert all(r["select/factored_layers"] == 0 and r["select/factor_rho"] > 0 and "select/factor_error" not in r for r in seen.rows)

@@ -40,7 +40,11 @@ class SelectionCallback(L.Callback, ABC):
     a generator derived from (seed, epoch, batch index): no RNG state to checkpoint.
 
     Logged every micro-batch: ``select/overhead_ms``, ``select/kept_fraction``,
-    ``select/score_mean``, ``select/score_std``, ``select/ess`` and ``select/domain/<name>``.
+    ``select/score_mean``, ``select/score_std``, ``select/ess`` and ``select/domain/<name>``
+    (the share of the chosen). :meth:`summary` totals the run, with each domain's share of the
+    kept and its kept fraction (kept / candidates: 1 is kept always, ρ is random's rate).
+    Diagnostics that cost time run on every ``diagnostics_every``-th selection
+    (:meth:`diagnostic_call`); which selections those are survives a resume.
 
     Example::
 
@@ -56,6 +60,7 @@ class SelectionCallback(L.Callback, ABC):
         seed: selection seed.
         nonfinite: ``"error"`` raises on NaN/inf scores; ``"lowest"`` ranks them below every
             finite score and logs ``select/nonfinite`` with a warning.
+        diagnostics_every: selections between a method's costly diagnostics (the first selection included).
     """
 
     def __init__(
@@ -66,6 +71,7 @@ class SelectionCallback(L.Callback, ABC):
         temperature: float = 1.0,
         seed: int = 0,
         nonfinite: Literal["error", "lowest"] = "error",
+        diagnostics_every: int = 100,
     ) -> None:
         if not 0.0 < ratio <= 1.0:
             raise ValueError(f"selection ratio must lie in (0, 1], got {ratio}")
@@ -73,6 +79,9 @@ class SelectionCallback(L.Callback, ABC):
             raise ValueError(f"k must be ≥ 1, got {k}")
         if nonfinite not in ("error", "lowest"):
             raise ValueError(f"nonfinite must be 'error' or 'lowest', got {nonfinite!r}")
+        if diagnostics_every < 1:
+            raise ValueError(f"diagnostics_every must be ≥ 1, got {diagnostics_every}")
+        self.diagnostics_every = diagnostics_every
         self.ratio, self.k, self.seed, self.nonfinite = ratio, k, seed, nonfinite
         self.sampling, self.temperature = sampling, temperature
         self.rule = make_rule(sampling, temperature)
@@ -81,6 +90,7 @@ class SelectionCallback(L.Callback, ABC):
         self.kept = 0
         self.overhead_seconds = 0.0
         self.domain_counts: dict[str, int] = {}
+        self.domain_candidates: dict[str, int] = {}
         self.last_selected: torch.Tensor | None = None
         self.last_scores: torch.Tensor | None = None
         self.last_record: SelectionRecord | None = None
@@ -108,12 +118,24 @@ class SelectionCallback(L.Callback, ABC):
         """Method-specific scalars logged with the ``select/*`` metrics of each micro-batch."""
         return {}
 
+    def diagnostic_metrics(self) -> dict[str, float]:
+        """Scalars of this micro-batch's diagnostics, if it ran any ({} otherwise).
+
+        Rank zero hands them to the trainer's loggers at this step only (``pl_module.log`` would
+        repeat a value logged once on every later step).
+        """
+        return {}
+
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
         """What this method needs from the model, the batch and the data that this fit lacks, each with its fix.
 
         Checked once in ``on_fit_start`` (see :mod:`selection_callbacks.callbacks.protocols`); [] by default.
         """
         return []
+
+    def diagnostic_call(self) -> bool:
+        """Whether the selection now being scored is one of every ``diagnostics_every`` (counted over the run)."""
+        return self.selections % self.diagnostics_every == 0
 
     # ---- the contract ----
     def keep(self, n: int) -> int:
@@ -152,6 +174,10 @@ class SelectionCallback(L.Callback, ABC):
         self._count(world * n, world * k, overhead)
         metrics = self._metrics(overhead, k / n, values, choice, domain_share, nonfinite)
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=k)
+        diagnostics = self.diagnostic_metrics()
+        if diagnostics and trainer.is_global_zero:
+            for logger in trainer.loggers:
+                logger.log_metrics(diagnostics, step=trainer.global_step)
 
     def _scored_rows(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int, n: int
@@ -238,11 +264,14 @@ class SelectionCallback(L.Callback, ABC):
         domain = batch.get("domain")
         if isinstance(domain, torch.Tensor):
             names = getattr(getattr(trainer, "datamodule", None), "domain_names", None)
-            chosen = domain_names(domain[index.to(domain.device)].tolist(), names)
+            candidates = domain_names(domain.tolist(), names)
         elif isinstance(domain, list | tuple) and domain and all(isinstance(d, str) for d in domain):
-            chosen = [domain[i] for i in index.tolist()]
+            candidates = list(domain)
         else:
             return {}
+        chosen = [candidates[i] for i in index.tolist()]
+        for name in candidates:
+            self.domain_candidates[name] = self.domain_candidates.get(name, 0) + 1
         shares: dict[str, float] = {}
         for name in chosen:
             shares[name] = shares.get(name, 0.0) + 1.0 / len(chosen)
@@ -250,7 +279,8 @@ class SelectionCallback(L.Callback, ABC):
         return shares
 
     def summary(self) -> dict[str, Any]:
-        """Totals of the run so far: counts, selection seconds and the domain share of the kept."""
+        """Totals of the run so far: counts, selection seconds, each domain's share of the kept (``domains``)
+        and its kept fraction, kept / candidates (``domain_kept_fraction``; random keeps ρ of every domain)."""
         total = sum(self.domain_counts.values())
         return {
             "method": type(self).__name__,
@@ -259,6 +289,8 @@ class SelectionCallback(L.Callback, ABC):
             "kept": self.kept,
             "overhead_seconds": round(self.overhead_seconds, 4),
             "domains": {name: c / total for name, c in sorted(self.domain_counts.items())} if total else {},
+            "domain_kept_fraction": {name: self.domain_counts.get(name, 0) / c
+                                     for name, c in sorted(self.domain_candidates.items())},
         }
 
     # ---- checkpointing ----
@@ -266,13 +298,15 @@ class SelectionCallback(L.Callback, ABC):
 
     @override
     def state_dict(self) -> dict[str, Any]:
-        return {**{c: getattr(self, c) for c in self._COUNTERS}, "domain_counts": dict(self.domain_counts)}
+        return {**{c: getattr(self, c) for c in self._COUNTERS}, "domain_counts": dict(self.domain_counts),
+                "domain_candidates": dict(self.domain_candidates)}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         for c in self._COUNTERS:
             setattr(self, c, type(getattr(self, c))(state_dict[c]))
         self.domain_counts = dict(state_dict["domain_counts"])
+        self.domain_candidates = dict(state_dict.get("domain_candidates", {}))  # absent in checkpoints before it was counted
 
 
 def fit_problems(selector: SelectionCallback, callbacks: list[L.Callback], datamodule: object) -> list[str]:

@@ -144,11 +144,11 @@ class SelectionDashboard(L.Callback):
 
 
 def _flatten(values: dict[str, Any], prefix: str) -> dict[str, Any]:
-    """``{"a": {"b": 1}}`` → ``{prefix + "a/b": 1}``."""
+    """``{"a": {"b": 1}}`` → ``{prefix + "a/b": 1}``; lists (a diagnostic's history, logged step by step) stay out."""
     out: dict[str, Any] = {}
     for key, value in values.items():
         if isinstance(value, dict):
             out.update(_flatten(value, f"{prefix}{key}/"))
-        else:
+        elif not isinstance(value, list):
             out[f"{prefix}{key}"] = value
     return out

@@ -4,7 +4,8 @@ Per micro-batch: cut a seeded ``score_len`` window from each candidate, draw a f
 (windows of the target split, or of a user proxy file), run one ghost forward/backward over
 [candidate windows ++ proxy windows] on the unwrapped module, and hand the utilities and
 sketches (as ``features``) to the method's :meth:`calibrate`, which runs on the gathered
-global superbatch under DDP.
+global superbatch under DDP. Every ``diagnostics_every`` selections it also measures how much the
+scores can be trusted (:class:`ScoreDiagnostics`).
 """
 
 from __future__ import annotations
@@ -12,6 +13,7 @@ from __future__ import annotations
 import fnmatch
 from abc import abstractmethod
 from collections.abc import MutableMapping
+from typing import Any
 
 import lightning as L
 import numpy as np
@@ -33,9 +35,11 @@ from selection_callbacks.scoring.ghost import (
     check_precision,
     scored_layers,
     shared_weights,
+    take_rows,
     unscorable_layers,
 )
 from selection_callbacks.scoring.losses import per_sample_loss
+from selection_callbacks.scoring.reliability import split_half_reliability
 from selection_callbacks.scoring.windows import score_windows
 
 
@@ -98,8 +102,13 @@ class GhostSelection(SelectionCallback):
         factor_tolerance: AdamW layers are tensor-sketched through their rank-1 factors only where the
             factorisation's relative error ρ is at most this (0: P G_i always formed; see :class:`GhostEngine`).
         sketch_check: candidates whose exact P G_i are formed to measure the sketch's real error
-            (``select/sketch_error``, ``select/sketch_norm_bias``), every ``sketch_check_every`` scoring calls
-            (0 or fewer than 2: never).
+            (``select/sketch_error``, ``select/sketch_norm_bias``) on diagnostic selections (0 or fewer than 2: never).
+        reliability: on diagnostic selections, also score the candidates against each half of the proxy
+            rows (two sketch-free passes) and log the Spearman of the two rankings,
+            ``select/utility_split_half`` (:mod:`selection_callbacks.scoring.reliability`; needs
+            ``proxy_batch_size`` ≥ 2). Near 0 the utilities rank candidates at random in this run.
+        diagnostics_every: selections between diagnostic ones (the first included). The diagnostics
+            never change a selection; :meth:`summary` holds their history (``diagnostics``).
         temperature: τ of the sequential draws (0: greedy).
         seed: selection seed (windows, proxy draws, sampling).
         k: keep exactly this many instead of ratio·N.
@@ -120,28 +129,33 @@ class GhostSelection(SelectionCallback):
         candidate_chunk: int | None = None,
         factor_tolerance: float = 0.0,
         sketch_check: int = 8,
-        sketch_check_every: int = 100,
+        reliability: bool = True,
+        diagnostics_every: int = 100,
         temperature: float = 1.0,
         seed: int = 0,
         k: int | None = None,
         nonfinite: str = "error",
     ) -> None:
-        super().__init__(ratio=ratio, k=k, sampling="boltzmann", temperature=temperature, seed=seed, nonfinite=nonfinite)
+        super().__init__(ratio=ratio, k=k, sampling="boltzmann", temperature=temperature, seed=seed, nonfinite=nonfinite,
+                         diagnostics_every=diagnostics_every)
         if proxy_batch_size < 1:
             raise ValueError(f"proxy_batch_size must be ≥ 1, got {proxy_batch_size}")
+        if reliability and proxy_batch_size < 2:
+            raise ValueError(f"reliability=True splits the proxy rows in two halves: proxy_batch_size must be ≥ 2, "
+                             f"got {proxy_batch_size} (or pass reliability=False)")
         self.score_len, self.sketch_dim, self.proxy_batch_size = score_len, sketch_dim, proxy_batch_size
         self.proxy_path, self.sketch, self.candidate_chunk = proxy, sketch, candidate_chunk
-        if sketch_check_every < 1:
-            raise ValueError(f"sketch_check_every must be ≥ 1, got {sketch_check_every}")
-        self.factor_tolerance, self.sketch_check, self.sketch_check_every = factor_tolerance, sketch_check, sketch_check_every
-        self._calls = 0
+        self.factor_tolerance, self.sketch_check, self.reliability = factor_tolerance, sketch_check, reliability
+        self.diagnostics: list[dict[str, float]] = []  # one entry per diagnostic selection
         self.include_embedding, self.include_head = include_embedding, include_head
         if layers is not None and not layers:
             raise ValueError("layers must name at least one pattern (None scores every layer)")
         self.layers = list(layers) if layers is not None else None
         self.engine: GhostEngine | None = None
+        self._halves_engine: GhostEngine | None = None
         self._proxy_split: PackedSplit | None = None
         self._last: GhostScores | None = None
+        self._check: dict[str, float] | None = None  # this selection's diagnostics, if it was a diagnostic one
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -153,6 +167,9 @@ class GhostSelection(SelectionCallback):
             module, self.include_embedding, self.include_head, self.sketch_dim, self.sketch,  # type: ignore[arg-type]
             exclude=exclude, candidate_chunk=self.candidate_chunk, factor_tolerance=self.factor_tolerance,
         )
+        if self.reliability:  # the split halves read only utilities
+            self._halves_engine = GhostEngine(module, self.include_embedding, self.include_head, exclude=exclude,
+                                              candidate_chunk=self.candidate_chunk)
         if self.proxy_path is not None:
             self._proxy_split = self._load_proxy(getattr(trainer, "datamodule", None))
             check_vocabulary(self._proxy_split, module, f"proxy={self.proxy_path}")
@@ -233,11 +250,24 @@ class GhostSelection(SelectionCallback):
         rows = {key: torch.cat([cand[key], proxy[key].to(cand[key].dtype)]) for key in cand}
         if self.engine is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not run: add the callback to the Trainer")
-        resolver = self.preconditioner(trainer, k)
-        probe = self.sketch_check if self._calls % self.sketch_check_every == 0 else 0
-        self._calls += 1
-        self._last = self.engine.score(lambda b: per_sample_loss(pl_module, b), rows, n, resolver, self.seed, probe)
+        diagnose = self.diagnostic_call()
+        loss_fn = lambda b: per_sample_loss(pl_module, b)
+        probe = self.sketch_check if diagnose else 0
+        self._last = self.engine.score(loss_fn, rows, n, self.preconditioner(trainer, k), self.seed, probe)
+        self._check = self._diagnose(trainer, k, loss_fn, rows, n) if diagnose else None
         return _scores_of(self._last, n, type(self).__name__)
+
+    def _diagnose(self, trainer: L.Trainer, k: int, loss_fn, rows: dict[str, torch.Tensor], n: int) -> dict[str, float]:
+        """This selection's diagnostics: the split-half Spearman of the utilities and the probed sketch error."""
+        check = {"step": float(trainer.global_step)}
+        if self._halves_engine is not None and rows["input_ids"].shape[0] - n >= 2:
+            check["utility_split_half"] = split_half_reliability(
+                self._halves_engine, loss_fn, rows, n, lambda: self.preconditioner(trainer, k), self.seed)
+        if self._last is not None and self._last.sketch_error:
+            check["sketch_error"] = float(self._last.sketch_error["gram"])
+            check["sketch_norm_bias"] = float(self._last.sketch_error["sq_norm"])
+        self.diagnostics.append(check)
+        return check
 
     @override
     def extra_metrics(self) -> dict[str, float]:
@@ -250,10 +280,37 @@ class GhostSelection(SelectionCallback):
             out["select/factored_layers"] = float(len(self._last.factored))
         if self._last.factored:  # ‖D − r cᵀ‖/‖D‖ of the layers sketched through the factors (not the sketch's error)
             out["select/factor_error"] = float(torch.stack([self._last.factor_error[n] for n in self._last.factored]).mean())
-        if self._last.sketch_error:  # the sketch as used, on the probed candidates
-            out["select/sketch_error"] = float(self._last.sketch_error["gram"])
-            out["select/sketch_norm_bias"] = float(self._last.sketch_error["sq_norm"])
         return out
+
+    @override
+    def diagnostic_metrics(self) -> dict[str, float]:
+        if self._check is None:
+            return {}
+        return {f"select/{key}": value for key, value in self._check.items() if key != "step"}
+
+    @override
+    def summary(self) -> dict[str, Any]:
+        """The base totals plus ``diagnostics``: the mean and last of each diagnostic and their history."""
+        out = super().summary()
+        if self.diagnostics:
+            keys = sorted({key for check in self.diagnostics for key in check if key != "step"})
+            values = {key: [c[key] for c in self.diagnostics if key in c and c[key] == c[key]] for key in keys}  # NaN left out
+            out["diagnostics"] = {
+                "checks": len(self.diagnostics),
+                **{f"{key}_mean": sum(v) / len(v) for key, v in values.items() if v},
+                **{f"{key}_last": v[-1] for key, v in values.items() if v},
+                "history": self.diagnostics,
+            }
+        return out
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), "diagnostics": [dict(c) for c in self.diagnostics]}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        self.diagnostics = [dict(c) for c in state_dict.get("diagnostics", [])]  # absent in older checkpoints
 
 
 def _scores_of(ghost: GhostScores, n: int, who: str) -> Scores:

@@ -246,7 +246,7 @@ class GhostEngine:
             raise ValueError(f"need candidates and ≥ 1 proxy row: N={n_candidates} of R={n_rows} rows")
         maps: dict[tuple[str, ...], _LayerMaps] = {}
         c = min(self.candidate_chunk or n_candidates, n_candidates)
-        first = rows if c == n_candidates else _take(rows, torch.cat([torch.arange(c), torch.arange(n_candidates, n_rows)]), n_rows)
+        first = rows if c == n_candidates else take_rows(rows, torch.cat([torch.arange(c), torch.arange(n_candidates, n_rows)]), n_rows)
         head = _PassState(c, n_rows - n_candidates, preconditioner, seed, maps)
         head.probe = min(probe, c) if self.sketch_dim and probe >= 2 else 0
         passes = [self._pass(loss_fn, first, head)]
@@ -254,7 +254,7 @@ class GhostEngine:
             hi = min(lo + c, n_candidates)
             state = _PassState(hi - lo, 0, preconditioner, seed, maps)
             state.shared = list(passes[0].shared)  # a pass of one row cannot tell a broadcast table from a per-row one
-            passes.append(self._pass(loss_fn, _take(rows, torch.arange(lo, hi), n_rows), state))
+            passes.append(self._pass(loss_fn, take_rows(rows, torch.arange(lo, hi), n_rows), state))
         losses = torch.cat([passes[0].losses[:c], *(s.losses for s in passes[1:]), passes[0].losses[c:]])
         order = [name for name, _ in self.layers if name in passes[0].utilities]
         layer_utilities = {name: torch.cat([s.utilities[name] for s in passes]) for name in order}
@@ -689,7 +689,7 @@ def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
     return tensors[0].unsqueeze(0) if len(tensors) == 1 else torch.stack(tensors)
 
 
-def _take(rows: MutableMapping, index: torch.Tensor, n_rows: int) -> dict:
+def take_rows(rows: MutableMapping, index: torch.Tensor, n_rows: int) -> dict:
     """Rows ``index`` of every per-row tensor of ``rows`` (other values pass through)."""
     return {k: v[index.to(v.device)] if isinstance(v, torch.Tensor) and v.ndim and v.shape[0] == n_rows else v
             for k, v in rows.items()}

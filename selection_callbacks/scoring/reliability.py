@@ -1,0 +1,47 @@
+"""Split-half reliability of ghost utilities: do two disjoint halves of the proxy batch rank the candidates alike?
+
+A candidate's utility u_i = ⟨G_i, Q(ḡ)⟩ is a noisy estimate: ḡ averages P proxy rows. Scoring the
+same candidates against the first ⌊P/2⌋ rows (u^A) and against the rest (u^B) and taking
+r = Spearman(u^A, u^B) measures how much of the ranking is signal rather than proxy noise: r ≈ 0
+means the utilities rank candidates at random, r → 1 that any proxy batch of this kind ranks them
+the same. The full batch of P rows is more reliable than either half, about 2r/(1+r)
+(Spearman–Brown).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Callable, MutableMapping
+
+import torch
+
+from selection_callbacks.core.rank_correlation import spearman
+from selection_callbacks.scoring.ghost import GhostEngine, Resolver, take_rows
+
+
+def split_half_reliability(
+    engine: GhostEngine,
+    loss_fn: Callable[[MutableMapping], torch.Tensor],
+    rows: MutableMapping,
+    n_candidates: int,
+    resolver: Callable[[], Resolver],
+    seed: int = 0,
+) -> float:
+    """Spearman of the N candidates' utilities against proxy rows [N, N + P//2) and against [N + P//2, N + P).
+
+    ``rows`` are the scoring rows (candidates then P ≥ 2 proxy rows); ``resolver`` makes the step's map
+    afresh for each half (a map that reads the proxy gradient, as AdamW's ``proxy_in_v`` does, sees
+    only its half's). Two forward/backward passes of ``engine`` (best built without sketches: only
+    the utilities are read). NaN where a half leaves fewer than 3 candidates with finite utilities.
+    """
+    n_rows = rows["input_ids"].shape[0]
+    proxy = n_rows - n_candidates
+    if proxy < 2:
+        raise ValueError(f"split-half reliability needs ≥ 2 proxy rows, got {proxy}")
+    candidates, half = torch.arange(n_candidates), n_candidates + proxy // 2
+    halves = (torch.arange(n_candidates, half), torch.arange(half, n_rows))
+    utilities = []
+    for part in halves:
+        scored = engine.score(loss_fn, take_rows(rows, torch.cat([candidates, part]), n_rows), n_candidates, resolver(), seed)
+        finite = torch.isfinite(scored.losses[:n_candidates])
+        utilities.append(torch.where(finite, scored.utilities.float(), torch.nan).cpu())
+    return spearman(*utilities)
