@@ -19,13 +19,15 @@ CFG = GPTConfig(vocab_size=320, block_size=32, n_layer=2, n_head=2, n_embd=32)
 
 
 class Metrics(L.Callback):
-    """Collects the select/* metrics of every micro-batch."""
+    """Collects the select/* metrics of every micro-batch, the selector's diagnostics of that micro-batch included."""
 
     def __init__(self) -> None:
         self.rows: list[dict[str, float]] = []
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
-        self.rows.append({k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("select/")})
+        row = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("select/")}
+        selector = next(c for c in trainer.callbacks if isinstance(c, OPUSSelection | GreatsSelection))
+        self.rows.append({**row, **selector.last_diagnostics})
 
 
 def _fit(corpus, selector, steps: int, optimizer: str = "adamw", batch_size: int = 8, ratio: float = 0.5,
@@ -57,7 +59,7 @@ def test_greats_picks_the_proxy_domain(tiny_corpus) -> None:
 
 
 def test_default_opus_ess_strictly_between_k_and_n(tiny_corpus) -> None:
-    seen = _fit(tiny_corpus, OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256), steps=12)
+    seen = _fit(tiny_corpus, OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256, diagnostics_every=1), steps=12)
     median = statistics.median(r["select/ess"] for r in seen.rows)
     assert 8.0 < median < 16.0, f"median ESS {median} must lie strictly between K=8 and N=16"
     assert all("select/redundancy_changed" in r for r in seen.rows)

@@ -40,11 +40,14 @@ class SelectionCallback(L.Callback, ABC):
     a generator derived from (seed, epoch, batch index): no RNG state to checkpoint.
 
     Logged every micro-batch: ``select/overhead_ms``, ``select/kept_fraction``,
-    ``select/score_mean``, ``select/score_std``, ``select/ess`` and ``select/domain/<name>``
-    (the share of the chosen). :meth:`summary` totals the run, with each domain's share of the
-    kept and its kept fraction (kept / candidates: 1 is kept always, ρ is random's rate).
-    Diagnostics that cost time run on every ``diagnostics_every``-th selection
-    (:meth:`diagnostic_call`); which selections those are survives a resume.
+    ``select/score_mean``, ``select/score_std`` and ``select/domain/<name>`` (the share of the
+    chosen). :meth:`summary` totals the run, with each domain's share of the kept and its kept
+    fraction (kept / candidates: 1 is kept always, ρ is random's rate). Diagnostics that cost time
+    run on every ``diagnostics_every``-th selection (:meth:`diagnostic_call`; which selections those
+    are survives a resume, and they never change a choice) and reach the loggers at that step only:
+    ``select/ess`` (effective sample size K²/Σπ² of the inclusion probabilities, a Monte-Carlo
+    estimate for the sampling rules), ``select/redundancy_changed`` where the method has an
+    interaction penalty, and the method's own (:meth:`diagnostic_metrics`).
 
     Example::
 
@@ -94,6 +97,7 @@ class SelectionCallback(L.Callback, ABC):
         self.last_selected: torch.Tensor | None = None
         self.last_scores: torch.Tensor | None = None
         self.last_record: SelectionRecord | None = None
+        self.last_diagnostics: dict[str, float] = {}  # this micro-batch's diagnostic scalars ({} on most)
 
     # ---- what a method implements ----
     @abstractmethod
@@ -152,6 +156,7 @@ class SelectionCallback(L.Callback, ABC):
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         start = time.perf_counter()
+        diagnose = self.diagnostic_call()
         n = superbatch_size(batch)
         k, world, rank = self.keep(n), trainer.world_size, trainer.global_rank
         raw, rows = self._scored_rows(trainer, pl_module, batch, batch_idx, n)
@@ -160,7 +165,7 @@ class SelectionCallback(L.Callback, ABC):
         values, nonfinite = self._checked_scores(scores.values, world * n, rows)
         interactions = checked_interactions(scores.interactions, world * n, type(self).__name__)
         generator = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx)
-        choice = select(self.rule, values, world * k, generator, interactions)
+        choice = select(self.rule, values, world * k, generator, interactions, diagnose)
         domain_share = self._domain_share(trainer, rows, choice.index)
         own = choice.index[rank * k : (rank + 1) * k]
         if world == 1:
@@ -172,12 +177,12 @@ class SelectionCallback(L.Callback, ABC):
         self.after_selection(trainer, pl_module, self.last_record)
         overhead = time.perf_counter() - start
         self._count(world * n, world * k, overhead)
-        metrics = self._metrics(overhead, k / n, values, choice, domain_share, nonfinite)
+        metrics = self._metrics(overhead, k / n, values, domain_share, nonfinite)
         pl_module.log_dict(metrics, on_step=True, on_epoch=False, batch_size=k)
-        diagnostics = self.diagnostic_metrics()
-        if diagnostics and trainer.is_global_zero:
+        self.last_diagnostics = {**_choice_diagnostics(choice), **self.diagnostic_metrics()} if diagnose else {}
+        if self.last_diagnostics and trainer.is_global_zero:
             for logger in trainer.loggers:
-                logger.log_metrics(diagnostics, step=trainer.global_step)
+                logger.log_metrics(self.last_diagnostics, step=trainer.global_step)
 
     def _scored_rows(
         self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int, n: int
@@ -229,8 +234,7 @@ class SelectionCallback(L.Callback, ABC):
         self.overhead_seconds += overhead
 
     def _metrics(
-        self, overhead: float, kept_fraction: float, values: torch.Tensor, choice: Choice,
-        domain_share: dict[str, float], nonfinite: int,
+        self, overhead: float, kept_fraction: float, values: torch.Tensor, domain_share: dict[str, float], nonfinite: int,
     ) -> dict[str, float]:
         """The ``select/*`` scalars of one micro-batch."""
         metrics = {
@@ -238,9 +242,7 @@ class SelectionCallback(L.Callback, ABC):
             "select/kept_fraction": kept_fraction,
             "select/score_mean": float(values.mean()),
             "select/score_std": float(values.std()) if values.numel() > 1 else 0.0,
-            "select/ess": effective_sample_size(choice.inclusion),
             **{f"select/domain/{name}": share for name, share in domain_share.items()},
-            **choice.extras,
             **self.extra_metrics(),
         }
         if nonfinite:
@@ -357,6 +359,11 @@ def _record(
         domain=domain.cpu() if isinstance(domain, torch.Tensor) else None,
         batch={key: v for key, v in rows.items() if isinstance(v, torch.Tensor)},
     )
+
+
+def _choice_diagnostics(choice: Choice) -> dict[str, float]:
+    """``select/ess`` and the rule's extras of a diagnosed choice."""
+    return {"select/ess": effective_sample_size(choice.inclusion), **choice.extras} if choice.inclusion is not None else {}
 
 
 def _restore_nonfinite(scores: Scores, bad: torch.Tensor | None) -> Scores:

@@ -28,7 +28,8 @@ class SelectionDashboard(L.Callback):
     ``wandb.Table``: candidates and chosen per domain since the previous table); at the end of
     training it writes the selector's ``summary()`` (as ``selection/*``), the last ``select/*``
     values and the mean throughput into the run summary. Every rank holds the same gathered
-    record, so no collective runs inside the rank-zero guard.
+    record, so no collective runs inside the rank-zero guard. The summary also holds the latest
+    value of each diagnostic the selector logged on its diagnostic selections (``select/ess``, ...).
 
     Example::
 
@@ -50,6 +51,7 @@ class SelectionDashboard(L.Callback):
         self._last_histogram_step = -1
         self._domains: dict[str, list[int]] = {}  # name → [candidates, chosen] since the last table
         self._totals = {"seconds": 0.0, "candidate_tokens": 0, "update_tokens": 0}
+        self._diagnostics: dict[str, float] = {}  # the latest value of each diagnostic scalar
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -92,6 +94,8 @@ class SelectionDashboard(L.Callback):
                 batch_size=batch["input_ids"].shape[0],
             )
         self._last_time = now
+        if self._selector is not None:
+            self._diagnostics.update(self._selector.last_diagnostics)
         if record is None or not self._wandb or not trainer.is_global_zero:
             return
         self._count_domains(trainer, record)
@@ -133,6 +137,7 @@ class SelectionDashboard(L.Callback):
         if not self._wandb or not trainer.is_global_zero:
             return
         summary = {k: float(v) for k, v in trainer.callback_metrics.items() if k.startswith("select/")}
+        summary.update(self._diagnostics)
         if self._selector is not None:
             summary.update(_flatten(self._selector.summary(), "selection/"))
         seconds = self._totals["seconds"]

@@ -53,7 +53,7 @@ class ProxySelection(SelectionCallback):
     after validation).
 
     Args:
-        ratio, k, sampling, temperature, seed, nonfinite: see :class:`SelectionCallback`.
+        ratio, k, sampling, temperature, seed, nonfinite, diagnostics_every: see :class:`SelectionCallback`.
         proxy_layers: layers of the proxies this callback builds.
         proxy_width: their width (n_embd); vocabulary and context follow the learner.
         proxy_heads: their attention heads.
@@ -70,6 +70,7 @@ class ProxySelection(SelectionCallback):
         temperature: float = 1.0,
         seed: int = 0,
         nonfinite: Literal["error", "lowest"] = "error",
+        diagnostics_every: int = 100,
         proxy_layers: int = 4,
         proxy_width: int = 256,
         proxy_heads: int = 4,
@@ -79,7 +80,8 @@ class ProxySelection(SelectionCallback):
     ) -> None:
         if sampling not in ("top_k", "gumbel"):
             raise ValueError(f"{type(self).__name__} samples by 'top_k' or 'gumbel', got {sampling!r}")
-        super().__init__(ratio=ratio, k=k, sampling=sampling, temperature=temperature, seed=seed, nonfinite=nonfinite)
+        super().__init__(ratio=ratio, k=k, sampling=sampling, temperature=temperature, seed=seed, nonfinite=nonfinite,
+                         diagnostics_every=diagnostics_every)
         if min(proxy_layers, proxy_width, proxy_heads) < 1:
             raise ValueError("proxy_layers, proxy_width and proxy_heads must be ≥ 1")
         if reference_steps < 0 or reference_batch_size < 1:

@@ -80,13 +80,13 @@ class Choice:
 
     Attributes:
         index: [k] indices into the scores, in the rule's order.
-        inclusion: [N] inclusion probabilities π_i of the rule (for the ESS K²/Σπ²).
+        inclusion: [N] inclusion probabilities π_i of the rule (for the ESS K²/Σπ²); None when not asked for.
         extras: scalars to log, e.g. ``select/redundancy_changed``: the share of the choice the
-            interaction penalty changed against the same draws without it.
+            interaction penalty changed against the same draws without it (only with the inclusion).
     """
 
     index: torch.Tensor
-    inclusion: torch.Tensor
+    inclusion: torch.Tensor | None
     extras: dict[str, float] = field(default_factory=dict)
 
 
@@ -146,17 +146,26 @@ def checked_interactions(interactions: torch.Tensor | None, g: int, who: str) ->
 
 
 def select(
-    rule: SamplingRule, values: torch.Tensor, k: int, generator: torch.Generator, interactions: torch.Tensor | None = None
+    rule: SamplingRule,
+    values: torch.Tensor,
+    k: int,
+    generator: torch.Generator,
+    interactions: torch.Tensor | None = None,
+    diagnose: bool = True,
 ) -> Choice:
-    """Choose ``k`` of the N ``values`` with ``rule`` (drawing from ``generator``), and how the choice was made.
+    """Choose ``k`` of the N ``values`` with ``rule`` (drawing from ``generator``), and, with ``diagnose``, how.
 
     The generator is read in a fixed order: the rule's draws, then (for rules with a Monte-Carlo
-    estimate) its inclusion draws. With interactions, the same draws are replayed without the
-    penalty from a copy of the generator's state, to report what the penalty changed.
+    estimate) its inclusion draws, so the choice is the same with or without ``diagnose``. With
+    interactions, the same draws are replayed without the penalty from a copy of the generator's
+    state, to report what the penalty changed. Without ``diagnose`` neither the inclusion
+    probabilities nor the replay are computed (for a sequential rule they cost about twice the choice).
     """
     state = generator.get_state()
     index = rule.select(values, k, generator, interactions)
     extras: dict[str, float] = {}
+    if not diagnose:
+        return Choice(index, None)
     if interactions is not None:
         plain = rule.select(values, k, torch.Generator().set_state(state), None)
         extras["select/redundancy_changed"] = 1.0 - len(set(index.tolist()) & set(plain.tolist())) / k
