@@ -8,7 +8,10 @@ method order so drifting machine load hits every method alike. A run's step time
 its training wall-clock (validation excluded) between its first and last validation, so fixed
 costs (start-up, a reference pretrained at the start) drop out; they are reported separately as
 the intercept. Ratios to random are taken within a repeat, then the median over repeats.
-Writes ``steptime.json`` and ``steptime.md`` into ``--out``.
+Beside each measured ratio stands the method's modelled one (:mod:`bench.cost_model`: the extra
+forward and backward tokens its selector counted, weighed by each model's FLOPs per token, over
+the training step's own) and the gap between the two: what the passes do not explain (maps,
+sketches, host syncs, launches, Python). Writes ``steptime.json`` and ``steptime.md`` into ``--out``.
 """
 
 from __future__ import annotations
@@ -24,6 +27,7 @@ from typing import Any
 from jsonargparse import ArgumentParser
 
 from bench.compare import Plan, build_parser as compare_parser, resolve_variants
+from bench.cost_model import modelled_cost
 from bench.methods import ROOT
 
 
@@ -35,7 +39,11 @@ def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
         raise SystemExit(f"{run_dir}: fewer than two validation points; raise --steps or --evals")
     per_step = (walls[-1] - walls[0]) / ((len(walls) - 1) * eval_every)
     sel = m.get("selection") or {}
+    model = modelled_cost(m)
     return {
+        "modelled_ratio": model["ratio"],
+        "modelled_parts": model["parts"],
+        "one_off_steps": model["one_off"],
         "step_seconds": per_step,
         "fixed_seconds": walls[0] - per_step * eval_every,
         "wall_seconds": m["wall_seconds"],
@@ -101,6 +109,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             "step_ms_median": 1e3 * statistics.median(x["step_seconds"] for x in runs),
             "ratio_to_random_median": statistics.median(ratios),
             "ratios": ratios,
+            "modelled_ratio": runs[0]["modelled_ratio"],
+            "modelled_parts": runs[0]["modelled_parts"],
+            "one_off_steps": runs[0]["one_off_steps"],
             "fixed_seconds_median": statistics.median(x["fixed_seconds"] for x in runs),
             "selection_fraction_median": statistics.median(x["selection_fraction"] for x in runs),
             "runs": runs,
@@ -112,12 +123,15 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lines = [f"# Step time vs random ({a.scale}, {a.optimizer}, ratio {a.ratio}, {a.threads} thread(s), "
              f"{a.steps} steps × {a.repeats} interleaved repeats)", "",
              f"`{' '.join(['python -m bench.steptime', *(argv if argv is not None else sys.argv[1:])])}`", "",
-             "| method | ms / step | × random (median of per-repeat ratios) | per-repeat | fixed s | selection share |",
-             "|---|---:|---:|---|---:|---:|"]
+             "| method | ms / step | × random (median of per-repeat ratios) | per-repeat | modelled × | "
+             "measured − modelled | modelled parts | one-off (plain steps) | fixed s | selection share |",
+             "|---|---:|---:|---|---:|---:|---|---:|---:|---:|"]
     for name, s in summary.items():
+        parts = ", ".join(f"{k} {v:.2f}" for k, v in s["modelled_parts"].items()) or "none"
         lines.append(f"| {name} | {s['step_ms_median']:.1f} | {s['ratio_to_random_median']:.2f} | "
-                     f"{', '.join(f'{x:.2f}' for x in s['ratios'])} | {s['fixed_seconds_median']:.1f} | "
-                     f"{s['selection_fraction_median']:.0%} |")
+                     f"{', '.join(f'{x:.2f}' for x in s['ratios'])} | {s['modelled_ratio']:.2f} | "
+                     f"{s['ratio_to_random_median'] - s['modelled_ratio']:+.2f} | {parts} | {s['one_off_steps']:.0f} | "
+                     f"{s['fixed_seconds_median']:.1f} | {s['selection_fraction_median']:.0%} |")
     (out / "steptime.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return result

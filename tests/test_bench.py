@@ -175,10 +175,31 @@ def test_steptime_ratios_from_interleaved_runs(bench_run, tiny_corpus) -> None:
         for run in m[name]["runs"]:
             assert run["step_seconds"] > 0
     assert m["high_loss"]["selection_fraction_median"] > m["random"]["selection_fraction_median"]
+    # high-loss's one extra pass: a learner forward over the N = K/ρ candidates, 1/(3ρ) of a training step
+    assert m["random"]["modelled_ratio"] == 1.0 and m["high_loss"]["modelled_ratio"] == pytest.approx(1 + 2 / 3)
     assert "| high_loss |" in (out / "steptime.md").read_text()
     with pytest.raises(SystemExit, match="offline selector"):
         steptime.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val", tiny_corpus["val"],
                        "--methods", "random,dsir", "--out", str(out)])
+
+
+def test_cost_model_weighs_passes_by_their_models_flops() -> None:
+    """RHO-LOSS-like counts over 10 steps of K·T = 100 tokens: a learner forward and a reference forward (a model of
+    a quarter of the learner's FLOPs) over N·T = 200 tokens per step, and a one-off pretraining of 5 reference steps."""
+    from bench.cost_model import modelled_cost
+
+    metrics = {"global_step": 10, "update_tokens": 1000, "selection": {
+        "cost": {"learner_fwd": {"passes": 10, "tokens": 2000}, "reference_fwd": {"passes": 10, "tokens": 2000},
+                 "reference_pretrain_fwd": {"passes": 5, "tokens": 500}, "reference_pretrain_bwd": {"passes": 5, "tokens": 500}},
+        "flops_per_token": {"learner": 400, "reference": 100}}}
+    got = modelled_cost(metrics)
+    assert got["parts"] == pytest.approx({"learner_fwd": 2 / 3, "reference_fwd": 2 / 3 / 4})
+    assert got["ratio"] == pytest.approx(1 + 2 / 3 + 1 / 6)
+    assert got["one_off"] == pytest.approx(500 * 3 * 100 / (3 * 400 * 100))  # 1.25 plain steps
+    assert modelled_cost({"global_step": 10, "update_tokens": 1000, "selection": {"kept": 5}})["ratio"] == 1.0
+    del metrics["selection"]["flops_per_token"]["reference"]
+    with pytest.raises(ValueError, match="flops_per_token"):
+        modelled_cost(metrics)
 
 
 def test_offline_prepare_reselects_when_its_inputs_change(tiny_corpus, tmp_path) -> None:

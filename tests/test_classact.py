@@ -16,7 +16,8 @@ from selection_callbacks.learner.lit_gpt import LitGPT
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import ClassActSelection
 from selection_callbacks.learner.reference import load_reference
-from selection_callbacks.scoring.proxy_models import CostMeter, Proxy, seeded_proxy
+from selection_callbacks.core.pass_counts import CostMeter
+from selection_callbacks.scoring.proxy_models import Proxy, seeded_proxy
 from tests.learnability import SEQ_LEN, assert_learnability_order, trained_models
 
 TINY_PROXY = {"proxy_layers": 1, "proxy_width": 32, "proxy_heads": 2}

@@ -13,6 +13,7 @@ import torch
 from selection_callbacks.learner.lit_gpt import LitGPT
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.data.datamodule import PoolDataModule
+from selection_callbacks.nn.flops import matmul_flops_per_token
 from selection_callbacks.methods import RhoLossSelection
 from selection_callbacks.offline import reference_losses
 from selection_callbacks.offline.reference_losses import ReferenceLossTable
@@ -93,11 +94,15 @@ def test_pretrained_reference_reads_only_target_batches(trained: dict) -> None:
         PoolDataModule.target_batch = original  # type: ignore[method-assign]
     reference = selector.proxies["reference"]
     assert calls == [8] * 4 and reference.steps == 4 and reference.frozen
-    assert selector.meter.total["reference_bwd"] == [4, 4 * 8 * SEQ_LEN]  # pretraining, counted once
-    # the pretraining forwards and one scoring forward per step
-    assert selector.meter.total["reference_fwd"] == [4 + 3, (4 * 8 + 3 * 64) * SEQ_LEN]
+    # pretraining, counted once and apart from the per-step passes: one scoring forward per step
+    assert selector.meter.total["reference_pretrain_bwd"] == selector.meter.total["reference_pretrain_fwd"] == [4, 4 * 8 * SEQ_LEN]
+    assert selector.meter.total["reference_fwd"] == [3, 3 * 64 * SEQ_LEN] and "reference_bwd" not in selector.meter.total
     assert 0 < selector.extra_metrics()["select/scoring_fraction"] <= 1
-    assert selector.summary()["cost"]["reference_bwd"] == {"passes": 4, "tokens": 4 * 8 * SEQ_LEN}
+    cost = selector.summary()["cost"]
+    assert cost["reference_pretrain_bwd"] == {"passes": 4, "tokens": 4 * 8 * SEQ_LEN}
+    flops = selector.summary()["flops_per_token"]
+    assert flops["reference"] == matmul_flops_per_token(reference.module) == 2 * (3 * 32 * 32 + 32 * 32 + 2 * 4 * 32 * 32 + 32 * 320)
+    assert flops["learner"] > flops["reference"]
 
 
 def test_clear_errors(trained: dict, tmp_path: Path) -> None:

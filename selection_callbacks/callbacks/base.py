@@ -13,9 +13,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from selection_callbacks.core.contract import SuperbatchError, per_sample_keys, subset_in_place, superbatch_size
+from selection_callbacks.core.pass_counts import CostMeter
 from selection_callbacks.core.domains import domain_names
 from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.data.datamodule import candidates_per_rank
+from selection_callbacks.nn.flops import matmul_flops_per_token
 from selection_callbacks.core.sampling import effective_sample_size, make_rule
 from selection_callbacks.core.selection import (
     Choice,
@@ -47,7 +49,9 @@ class SelectionCallback(L.Callback, ABC):
     are survives a resume, and they never change a choice) and reach the loggers at that step only:
     ``select/ess`` (effective sample size K²/Σπ² of the inclusion probabilities, a Monte-Carlo
     estimate for the sampling rules), ``select/redundancy_changed`` where the method has an
-    interaction penalty, and the method's own (:meth:`diagnostic_metrics`).
+    interaction penalty, and the method's own (:meth:`diagnostic_metrics`). The passes a method runs
+    beside training are counted in ``meter`` (per model and kind) for its cost model
+    (``cost`` and ``flops_per_token`` in :meth:`summary`).
 
     Example::
 
@@ -98,6 +102,8 @@ class SelectionCallback(L.Callback, ABC):
         self.last_scores: torch.Tensor | None = None
         self.last_record: SelectionRecord | None = None
         self.last_diagnostics: dict[str, float] = {}  # this micro-batch's diagnostic scalars ({} on most)
+        self.meter = CostMeter()
+        self.learner_flops = 0  # the learner's forward matmul FLOPs per token, set when the fit starts
 
     # ---- what a method implements ----
     @abstractmethod
@@ -148,6 +154,7 @@ class SelectionCallback(L.Callback, ABC):
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        self.learner_flops = matmul_flops_per_token(pl_module)
         problems = fit_problems(self, trainer.callbacks, getattr(trainer, "datamodule", None))
         problems += self.requirements(trainer, pl_module)
         if problems:
@@ -280,9 +287,15 @@ class SelectionCallback(L.Callback, ABC):
             self.domain_counts[name] = self.domain_counts.get(name, 0) + 1
         return shares
 
+    def flops_per_token(self) -> dict[str, int]:
+        """Forward matmul FLOPs per token of each model the meter counts passes of (the learner's; proxies add theirs)."""
+        return {"learner": self.learner_flops}
+
     def summary(self) -> dict[str, Any]:
         """Totals of the run so far: counts, selection seconds, each domain's share of the kept (``domains``)
-        and its kept fraction, kept / candidates (``domain_kept_fraction``; random keeps ρ of every domain)."""
+        and its kept fraction, kept / candidates (``domain_kept_fraction``; random keeps ρ of every domain), the
+        counted passes (``cost``: passes and tokens per model and kind; ``*_pretrain_*``: one-off) and
+        ``flops_per_token``."""
         total = sum(self.domain_counts.values())
         return {
             "method": type(self).__name__,
@@ -293,6 +306,8 @@ class SelectionCallback(L.Callback, ABC):
             "domains": {name: c / total for name, c in sorted(self.domain_counts.items())} if total else {},
             "domain_kept_fraction": {name: self.domain_counts.get(name, 0) / c
                                      for name, c in sorted(self.domain_candidates.items())},
+            "cost": {key: {"passes": p, "tokens": t} for key, (p, t) in sorted(self.meter.total.items())},
+            "flops_per_token": self.flops_per_token(),
         }
 
     # ---- checkpointing ----
@@ -301,7 +316,7 @@ class SelectionCallback(L.Callback, ABC):
     @override
     def state_dict(self) -> dict[str, Any]:
         return {**{c: getattr(self, c) for c in self._COUNTERS}, "domain_counts": dict(self.domain_counts),
-                "domain_candidates": dict(self.domain_candidates)}
+                "domain_candidates": dict(self.domain_candidates), "cost": self.meter.state_dict()}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
@@ -309,6 +324,7 @@ class SelectionCallback(L.Callback, ABC):
             setattr(self, c, type(getattr(self, c))(state_dict[c]))
         self.domain_counts = dict(state_dict["domain_counts"])
         self.domain_candidates = dict(state_dict.get("domain_candidates", {}))  # absent in checkpoints before it was counted
+        self.meter.load_state_dict(state_dict.get("cost", {}))
 
 
 def fit_problems(selector: SelectionCallback, callbacks: list[L.Callback], datamodule: object) -> list[str]:

@@ -35,7 +35,6 @@ from selection_callbacks.scoring.ghost import (
     check_precision,
     scored_layers,
     shared_weights,
-    take_rows,
     unscorable_layers,
 )
 from selection_callbacks.scoring.losses import per_sample_loss
@@ -254,6 +253,7 @@ class GhostSelection(SelectionCallback):
         loss_fn = lambda b: per_sample_loss(pl_module, b)
         probe = self.sketch_check if diagnose else 0
         self._last = self.engine.score(loss_fn, rows, n, self.preconditioner(trainer, k), self.seed, probe)
+        self._count_passes(rows["input_ids"].numel())
         self._check = self._diagnose(trainer, k, loss_fn, rows, n) if diagnose else None
         return _scores_of(self._last, n, type(self).__name__)
 
@@ -263,11 +263,17 @@ class GhostSelection(SelectionCallback):
         if self._halves_engine is not None and rows["input_ids"].shape[0] - n >= 2:
             check["utility_split_half"] = split_half_reliability(
                 self._halves_engine, loss_fn, rows, n, lambda: self.preconditioner(trainer, k), self.seed)
+            self._count_passes(rows["input_ids"].numel() + n * rows["input_ids"].shape[1])  # each half with every candidate
         if self._last is not None and self._last.sketch_error:
             check["sketch_error"] = float(self._last.sketch_error["gram"])
             check["sketch_norm_bias"] = float(self._last.sketch_error["sq_norm"])
         self.diagnostics.append(check)
         return check
+
+    def _count_passes(self, tokens: int) -> None:
+        """One scoring forward and backward of the learner over ``tokens`` window tokens."""
+        self.meter.add("learner", "fwd", tokens)
+        self.meter.add("learner", "bwd", tokens)
 
     @override
     def extra_metrics(self) -> dict[str, float]:

@@ -3,7 +3,7 @@
 ClassAct and RHO-LOSS score s(z) = ℓ_online(z) − ℓ_reference(z). This base builds their proxies
 on the learner's device and precision when training starts (after a resume has restored their
 state), pretrains a frozen reference on the target split when no reference checkpoint is given,
-counts every extra forward/backward in a :class:`CostMeter`, and logs the selection's share of
+counts every extra forward/backward in the base class's ``meter``, and logs the selection's share of
 the step time.
 """
 
@@ -23,10 +23,10 @@ from typing_extensions import override
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.callbacks.protocols import needs_proxy_builder, needs_target_batch
 from selection_callbacks.learner.reference import load_reference
+from selection_callbacks.nn.flops import matmul_flops_per_token
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.proxy_models import (
-    CostMeter,
     Proxy,
     check_reference_fits,
     padded_vocab,
@@ -92,7 +92,6 @@ class ProxySelection(SelectionCallback):
         self.reference = reference
         self.reference_steps, self.reference_batch_size = reference_steps, reference_batch_size
         self.proxies: dict[str, Proxy] = {}
-        self.meter = CostMeter()
         self._to_pretrain: Proxy | None = None
         self._loaded_reference: nn.Module | None = None
         self._pending: dict[str, Any] | None = None
@@ -224,15 +223,14 @@ class ProxySelection(SelectionCallback):
         return out
 
     @override
-    def summary(self) -> dict[str, Any]:
-        cost = {key: {"passes": p, "tokens": t} for key, (p, t) in sorted(self.meter.total.items())}
-        return {**super().summary(), "cost": cost}
+    def flops_per_token(self) -> dict[str, int]:
+        return {**super().flops_per_token(), **{name: matmul_flops_per_token(p.module) for name, p in self.proxies.items()}}
 
     # ---- checkpointing ----
     @override
     def state_dict(self) -> dict[str, Any]:
         proxies = {name: p.state_dict() for name, p in self.proxies.items()} if self.proxies else (self._pending or {})
-        return {**super().state_dict(), "proxies": proxies, "cost": self.meter.state_dict()}
+        return {**super().state_dict(), "proxies": proxies}
 
     @override
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:

@@ -37,4 +37,5 @@ class HighLossSelection(SelectionCallback):
 
     @override
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:
+        self.meter.add("learner", "fwd", batch["input_ids"].numel())
         return per_sample_loss(pl_module, batch)

@@ -16,11 +16,12 @@ import numpy as np
 import torch
 import torch.nn as nn
 
+from selection_callbacks.core.pass_counts import CostMeter
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.core.rng import derived_seed
 from selection_callbacks.scoring.losses import per_sample_loss, sequence_means, token_losses
 
-__all__ = ["CostMeter", "Proxy", "ProxyLM", "check_reference_fits", "padded_vocab", "pretrain_on_target", "seeded_proxy"]
+__all__ = ["Proxy", "ProxyLM", "check_reference_fits", "padded_vocab", "pretrain_on_target", "seeded_proxy"]
 
 
 class ProxyLM(nn.Module):
@@ -52,54 +53,6 @@ def check_reference_fits(module: nn.Module, vocab_size: int | None, seq_len: int
         raise ValueError(f"{what} has vocab_size={config.vocab_size}, the data has {vocab_size} token ids")
     if seq_len is not None and config.block_size < seq_len:
         raise ValueError(f"{what} has block_size={config.block_size}, shorter than data.seq_len={seq_len}")
-
-
-class CostMeter:
-    """Forward/backward passes and tokens per model (``learner``, ``online``, ``reference``).
-
-    A pass is one call on one batch; its tokens are ``input_ids.numel()``. Counts are this
-    process's work: this micro-batch (reset by :meth:`new_step`) and cumulative.
-    """
-
-    KINDS = ("fwd", "bwd")
-
-    def __init__(self) -> None:
-        self.step: dict[str, list[int]] = {}
-        self.total: dict[str, list[int]] = {}
-
-    def add(self, model: str, kind: str, tokens: int) -> None:
-        """Count one ``kind`` pass ("fwd"/"bwd") of ``model`` over ``tokens`` tokens."""
-        for table in (self.step, self.total):
-            entry = table.setdefault(f"{model}_{kind}", [0, 0])
-            entry[0] += 1
-            entry[1] += tokens
-
-    def new_step(self) -> None:
-        self.step = {}
-
-    def metrics(self, kept_tokens: int) -> dict[str, float]:
-        """``select/cost/<model>_<kind>[_tokens][_total]`` and, per kind, extra tokens over the kept tokens.
-
-        ``select/cost/fwd_per_update`` = Σ forward tokens this micro-batch / K·T: the report's
-        "3 fwd + 1 bwd" unit (passes over a batch the size of what the learner trains on).
-        """
-        out: dict[str, float] = {}
-        for key, (passes, tokens) in self.total.items():
-            out[f"select/cost/{key}_total"] = float(passes)
-            out[f"select/cost/{key}_tokens_total"] = float(tokens)
-            step_passes, step_tokens = self.step.get(key, (0, 0))
-            out[f"select/cost/{key}"] = float(step_passes)
-            out[f"select/cost/{key}_tokens"] = float(step_tokens)
-        for kind in self.KINDS:
-            tokens = sum(t for key, (_, t) in self.step.items() if key.endswith(kind))
-            out[f"select/cost/{kind}_per_update"] = tokens / kept_tokens if kept_tokens else 0.0
-        return out
-
-    def state_dict(self) -> dict[str, Any]:
-        return {key: list(value) for key, value in self.total.items()}
-
-    def load_state_dict(self, state: dict[str, Any]) -> None:
-        self.total = {key: [int(v) for v in value] for key, value in state.items()}
 
 
 class Proxy:
@@ -150,8 +103,11 @@ class Proxy:
             )
         return out
 
-    def train_step(self, batch: MutableMapping) -> float:
-        """One optimizer step on the mean per-sample loss of ``batch``; returns that loss (before the step)."""
+    def train_step(self, batch: MutableMapping, phase: str = "") -> float:
+        """One optimizer step on the mean per-sample loss of ``batch``; returns that loss (before the step).
+
+        Its passes count under ``<name><phase>`` (``"_pretrain"``: a one-off cost, apart from the per-step ones).
+        """
         if self.optimizer is None:
             raise RuntimeError(f"the {self.name} proxy is frozen")
         self.module.train()
@@ -168,8 +124,8 @@ class Proxy:
         self.scaler.update()
         self.steps += 1
         tokens = batch["input_ids"].numel()
-        self.meter.add(self.name, "fwd", tokens)
-        self.meter.add(self.name, "bwd", tokens)
+        self.meter.add(self.name + phase, "fwd", tokens)
+        self.meter.add(self.name + phase, "bwd", tokens)
         return float(loss.detach())
 
     def state_dict(self) -> dict[str, Any]:
@@ -214,5 +170,5 @@ def pretrain_on_target(proxy: Proxy, datamodule: object, steps: int, batch_size:
     while proxy.steps < steps:
         rng = np.random.default_rng(derived_seed(seed, 0, proxy.steps, "reference-pretrain"))
         rows = datamodule.target_batch(batch_size, rng)
-        proxy.train_step({k: v.to(device) for k, v in rows.items()})
+        proxy.train_step({k: v.to(device) for k, v in rows.items()}, phase="_pretrain")
     proxy.freeze()
