@@ -30,6 +30,7 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser
 
+from bench.cost_model import modelled_cost
 from bench.methods import ROOT, Method, resolve
 from bench.report import write_report
 
@@ -244,9 +245,19 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
         "selection_seconds": online_seconds + selection_seconds,
         "domains": sel.get("domains", {}),
         "domain_history": m.get("domain_history", []),
+        "diagnostics": {k: v for k, v in (sel.get("diagnostics") or {}).items() if k != "history"},
+        "modelled_step_ratio": modelled_step_ratio(m),
         "machine": m.get("machine"),
         "run_dir": str(run_dir.relative_to(Path(plan.args.out))),
     }
+
+
+def modelled_step_ratio(metrics: dict[str, Any]) -> float | None:
+    """The run's modelled step ratio (:mod:`bench.cost_model`); None for a run whose summary predates FLOPs per token."""
+    try:
+        return modelled_cost(metrics)["ratio"]
+    except ValueError:
+        return None
 
 
 def compare(args: argparse.Namespace) -> dict[str, Any]:

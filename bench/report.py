@@ -180,7 +180,28 @@ def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]])
         shares = [np.mean([r["domains"].get(d, 0.0) for r in entry["runs"]]) for d in domains]
         lines.append(f"| {name} | " + " | ".join(f"{100 * x:.1f}%" for x in shares) + " |")
     lines += ["", "![domain composition](domains_over_time.png)", ""]
+    lines += diagnostics_lines(results)
     return "\n".join(lines)
+
+
+def diagnostics_lines(results: dict[str, Any]) -> list[str]:
+    """The table of the methods whose runs logged score diagnostics (OPUS, GREATS): means per seed."""
+    keys = ("utility_split_half_mean", "sketch_error_mean")
+    rows = []
+    for name, entry in results["methods"].items():
+        runs = [r for r in entry["runs"] if r.get("diagnostics")]
+        if not runs:
+            continue
+        cells = [", ".join(fmt_value(r["diagnostics"].get(k), ".2f") for r in runs) for k in keys]
+        modelled = ", ".join(fmt_value(r.get("modelled_step_ratio"), ".2f") for r in runs)
+        rows.append(f"| {name} | {runs[0]['diagnostics'].get('checks', 0)} | {cells[0]} | {cells[1]} | {modelled} |")
+    if not rows:
+        return []
+    return ["Score diagnostics per seed (means over the run's diagnostic selections): the split-half Spearman of "
+            "the utilities (near 0: the scores rank candidates at random), the sketch's pair error, and the modelled "
+            "step cost over a plain step (`bench/cost_model.py`).", "",
+            "| method | checks per run | split-half Spearman | sketch error | modelled step × |", "|---|---:|---|---|---|",
+            *rows, ""]
 
 
 REFERENCES = {"random": ("black", "-"), "oracle": ("0.45", "--"), "oracle_offline": ("0.45", ":")}

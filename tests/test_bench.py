@@ -405,3 +405,16 @@ def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus,
     cmd = plan.train_command(REGISTRY["random"], 0, None)
     assert cmd[cmd.index(str(tuned)) - 1] == "--config" and "lr: 0.01" in bench_report.tuning_line(plan.config)
 
+
+
+def test_report_lists_score_diagnostics_per_seed() -> None:
+    from bench.report import diagnostics_lines
+
+    run = lambda rel, ratio: {"diagnostics": {"checks": 10, "utility_split_half_mean": rel, "sketch_error_mean": 0.1},
+                              "modelled_step_ratio": ratio}
+    results = {"methods": {"random": {"runs": [{"diagnostics": {}}]},
+                           "opus": {"runs": [run(0.41, 1.31), run(0.52, None)]}}}
+    lines = diagnostics_lines(results)
+    assert lines[-2] == "| opus | 10 | 0.41, 0.52 | 0.10, 0.10 | 1.31, — |"
+    assert not any(line.startswith("| random") for line in lines)
+    assert diagnostics_lines({"methods": {"random": {"runs": [{"diagnostics": {}}]}}}) == []

@@ -5,17 +5,19 @@ Per micro-batch: cut a seeded ``score_len`` window from each candidate, draw a f
 [candidate windows ++ proxy windows] on the unwrapped module, and hand the utilities and
 sketches (as ``features``) to the method's :meth:`calibrate`, which runs on the gathered
 global superbatch under DDP. Every ``diagnostics_every`` selections it also measures how much the
-scores can be trusted (:class:`ScoreDiagnostics`).
+scores can be trusted: the split-half reliability of the utilities
+(:mod:`selection_callbacks.scoring.reliability`) and the sketch's real error on a few candidates.
 """
 
 from __future__ import annotations
 
 import fnmatch
 from abc import abstractmethod
-from collections.abc import MutableMapping
+from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import lightning as L
+from lightning.pytorch.utilities import rank_zero_info
 import numpy as np
 import torch
 from typing_extensions import override
@@ -257,7 +259,9 @@ class GhostSelection(SelectionCallback):
         self._check = self._diagnose(trainer, k, loss_fn, rows, n) if diagnose else None
         return _scores_of(self._last, n, type(self).__name__)
 
-    def _diagnose(self, trainer: L.Trainer, k: int, loss_fn, rows: dict[str, torch.Tensor], n: int) -> dict[str, float]:
+    def _diagnose(
+        self, trainer: L.Trainer, k: int, loss_fn: Callable[[MutableMapping], torch.Tensor], rows: dict[str, torch.Tensor], n: int
+    ) -> dict[str, float]:
         """This selection's diagnostics: the split-half Spearman of the utilities and the probed sketch error."""
         check = {"step": float(trainer.global_step)}
         if self._halves_engine is not None and rows["input_ids"].shape[0] - n >= 2:
@@ -293,6 +297,15 @@ class GhostSelection(SelectionCallback):
         if self._check is None:
             return {}
         return {f"select/{key}": value for key, value in self._check.items() if key != "step"}
+
+    @override
+    def on_train_end(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        diagnostics = self.summary().get("diagnostics", {})
+        shown = [f"{key.removesuffix('_mean').replace('_', ' ')} {value:.3f}" for key, value in diagnostics.items()
+                 if key.endswith("_mean")]
+        if shown:
+            rank_zero_info(f"{type(self).__name__} diagnostics, mean over {diagnostics['checks']} diagnostic selections: "
+                           + ", ".join(shown) + " (metrics.json: selection.diagnostics)")
 
     @override
     def summary(self) -> dict[str, Any]:
