@@ -418,3 +418,15 @@ def test_report_lists_score_diagnostics_per_seed() -> None:
     assert lines[-2] == "| opus | 10 | 0.41, 0.52 | 0.10, 0.10 | 1.31, — |"
     assert not any(line.startswith("| random") for line in lines)
     assert diagnostics_lines({"methods": {"random": {"runs": [{"diagnostics": {}}]}}}) == []
+
+
+def test_window_learnability_of_the_whole_sequence_is_the_full_ranking(tiny_corpus, tmp_path) -> None:
+    from bench import window_learnability
+
+    result = window_learnability.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val",
+                                       tiny_corpus["val"], "--steps", "2", "--windows", "128,16", "--superbatches", "3",
+                                       "--reference-steps", "2", "--out", str(tmp_path / "wl")])
+    whole, window = result["rows"]
+    assert (whole["window"], whole["median_spearman"], whole["mean_top_k_overlap"]) == (128, pytest.approx(1.0), 1.0)
+    assert window["window"] == 16 and -1 <= window["median_spearman"] <= 1 and window["forward_cost"] == 0.125
+    assert (tmp_path / "wl.md").read_text().count("| 2 |") == 2
