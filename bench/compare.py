@@ -146,7 +146,7 @@ class Plan:
     def run_dir(self, method: Method, seed: int) -> Path:
         return Path(self.args.out) / "runs" / self.config_hash / method.name / f"seed{seed}"
 
-    def train_command(self, method: Method, seed: int, subset: Path | None) -> list[str]:
+    def train_command(self, method: Method, seed: int, subset: Path | None, prepared: list[tuple[str, str]] = ()) -> list[str]:
         a = self.args
         cmd = [sys.executable, str(ROOT / "train.py"), "fit", "--config", str(self.scale_path)]
         cmd += ["--config", str(self.tuned)] if self.tuned else []
@@ -158,7 +158,7 @@ class Plan:
         cmd += ["--trainer.default_root_dir", str(self.run_dir(method, seed)), "--trainer.enable_progress_bar", "false"]
         if subset:
             cmd += ["--data.subset", str(subset)]
-        for key, value in [] if method.offline else self.overrides.get(method.name, []):
+        for key, value in [] if method.offline else [*self.overrides.get(method.name, []), *prepared]:
             cmd += [f"--selection.init_args.{key}", value]
         return cmd + list(a.extra)
 
@@ -190,6 +190,26 @@ def prepare_offline(plan: Plan, method: Method, seed: int) -> tuple[Path, float]
     return subset, seconds
 
 
+def prepare_online(plan: Plan, method: Method, seed: int) -> tuple[list[tuple[str, str]], float]:
+    """Run an online method's prepare stage once per seed (cached); returns its selection overrides and seconds."""
+    folder = Path(plan.args.out) / "prepare" / plan.config_hash / method.name / f"seed{seed}"
+    done = folder / "prepare.json"
+    identity = method_identity(plan, method)
+    if done.exists():
+        info = json.loads(done.read_text())
+        if info.get("identity") == identity:
+            return [tuple(o) for o in info["overrides"]], float(info["seconds"])
+        print(f"[bench] {method.name} seed {seed}: its config changed since it was prepared; preparing again")
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    a = plan.args
+    overrides = method.prepare(a.pool, a.target, a.val, plan.scale_path, ROOT / method.config, seed, folder, a.threads,
+                               plan.overrides.get(method.name, []))
+    seconds = time.perf_counter() - start
+    done.write_text(json.dumps({"overrides": overrides, "seconds": seconds, "identity": identity}))
+    return overrides, seconds
+
+
 def method_identity(plan: Plan, method: Method) -> str:
     """What a run of ``method`` trained with: its method config's text (an offline selector's inputs) and
     overrides (not in the config hash)."""
@@ -209,6 +229,8 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
     """
     run_dir = plan.run_dir(method, seed)
     subset, selection_seconds = prepare_offline(plan, method, seed) if method.offline else (None, 0.0)
+    prepared, one_off = prepare_online(plan, method, seed) if method.prepare else ([], 0.0)
+    selection_seconds += one_off
     metrics_path = run_dir / "metrics.json"
     identity, recorded = method_identity(plan, method), run_dir / "method.txt"
     if finished(metrics_path, plan.steps):
@@ -228,7 +250,7 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
             env.update(OMP_NUM_THREADS=str(plan.args.threads), MKL_NUM_THREADS=str(plan.args.threads))
         with open(run_dir / "train.log", "w") as log:
             proc = subprocess.run(
-                plan.train_command(method, seed, subset), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
+                plan.train_command(method, seed, subset, prepared), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
             )
         if proc.returncode != 0 or not finished(metrics_path, plan.steps):
             raise SystemExit(f"[bench] {method.name} seed {seed} failed (exit {proc.returncode}); see {run_dir / 'train.log'}")
@@ -243,6 +265,7 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
         "wall_seconds": m["wall_seconds"] + selection_seconds,
         "overhead_fraction": online_seconds / m["wall_seconds"] if m["wall_seconds"] else 0.0,
         "selection_seconds": online_seconds + selection_seconds,
+        "one_off_seconds": one_off,
         "domains": sel.get("domains", {}),
         "domain_history": m.get("domain_history", []),
         "diagnostics": {k: v for k, v in (sel.get("diagnostics") or {}).items() if k != "history"},

@@ -1,7 +1,8 @@
 """The benchmark's method registry: one line per landed method.
 
 An *online* method is a ``configs/method/<name>.yaml`` (its selection callback) trained from the
-full pool. An *offline* method is a selector ``(pool, target, budget_tokens, seed, out_dir) -> subset
+full pool, after an optional once-per-seed ``prepare`` stage whose seconds are a one-off cost (a
+reference loss table). An *offline* method is a selector ``(pool, target, budget_tokens, seed, out_dir) -> subset
 file`` run once per seed in a cached prepare stage; its run trains on that subset (ratio 1, every
 candidate kept) and its selection seconds are added to its wall-clock.
 """
@@ -13,12 +14,16 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
+from bench.reference_table import rho_reference_table
 from selection_callbacks.offline.select import bench_select, selector_settings
 
 ROOT = Path(__file__).resolve().parents[1]
 
 OfflineSelector = Callable[..., Path]
 """``(pool, target, budget_tokens, seed, out_dir[, overrides]) -> subset file``."""
+
+OnlinePrepare = Callable[..., list[tuple[str, str]]]
+"""``(pool, target, val, scale, method_config, seed, out_dir, threads, variant overrides) -> selection overrides``."""
 
 
 @dataclass(frozen=True)
@@ -33,6 +38,8 @@ class Method:
             data, e.g. a recipe; their text is part of the method's identity.
         settings: offline: overrides → the selector's effective config as text, part of the
             method's identity (a changed default reselects instead of reusing a stale subset).
+        prepare: online: a once-per-seed stage (cached, its seconds charged to the run as a one-off cost)
+            whose returned selection overrides the run trains with.
         family: the plot a report draws it in (beside random and both oracles): ``loss`` (scores
             from losses), ``gradient`` (scores from per-sample gradients), ``offline`` (a subset
             chosen before training), ``reference`` (random and the oracles, on every plot).
@@ -43,6 +50,7 @@ class Method:
     select: OfflineSelector | None = None
     inputs: tuple[str, ...] = ()
     settings: Callable[[list[tuple[str, str]]], str] | None = None
+    prepare: OnlinePrepare | None = None
     family: str = "offline"
 
     @property
@@ -59,6 +67,8 @@ REGISTRY: dict[str, Method] = {
     "greats": Method("greats", config="configs/method/greats.yaml", family="gradient"),
     # the rho and classact references are pretrained on the target split at the start of each run
     "rho": Method("rho", config="configs/method/rho.yaml", family="loss"),
+    # the same reference built once per seed before the run and its pool losses looked up (bench/reference_table.py)
+    "rho_lookup": Method("rho_lookup", config="configs/method/rho.yaml", prepare=rho_reference_table, family="loss"),
     "classact": Method("classact", config="configs/method/classact.yaml", family="loss"),
     "classact_report": Method("classact_report", config="configs/method/classact_report.yaml", family="loss"),
     # offline: the subset holds the tokens the run trains on (selection_callbacks.offline.select)

@@ -171,6 +171,12 @@ def report_markdown(results: dict[str, Any], summary: dict[str, dict[str, Any]])
         "methods, `oracle_offline` (the target's domains first in the whole pool) for offline ones.",
         "",
     ]
+    one_off = {name: [r.get("one_off_seconds", 0.0) for r in e["runs"]] for name, e in results["methods"].items()}
+    one_off = {name: v for name, v in one_off.items() if any(v)}
+    if one_off:
+        lines += ["One-off seconds charged to the wall-clock columns (a prepare stage shared by every run on this pool "
+                  "and seed, e.g. a reference loss table): " + "; ".join(
+                      f"{name} {', '.join(f'{x:.0f}' for x in v)} s" for name, v in one_off.items()) + ".", ""]
     lines += [f"![{family}](curves_{family}.png)" for family in families(results)]
     lines += ["", load_summary(results), "", *load_lines(results), "", "Domain share of the kept candidates (whole run, mean over seeds):", ""]
     domains = sorted({d for e in results["methods"].values() for r in e["runs"] for d in r["domains"]})

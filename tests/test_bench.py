@@ -430,3 +430,25 @@ def test_window_learnability_of_the_whole_sequence_is_the_full_ranking(tiny_corp
     assert (whole["window"], whole["median_spearman"], whole["mean_top_k_overlap"]) == (128, pytest.approx(1.0), 1.0)
     assert window["window"] == 16 and -1 <= window["median_spearman"] <= 1 and window["forward_cost"] == 0.125
     assert (tmp_path / "wl.md").read_text().count("| 2 |") == 2
+
+
+def test_rho_lookup_selects_as_rho_without_the_reference_forward(tiny_corpus, tmp_path) -> None:
+    """The prepared table's reference is the one rho pretrains in its run: same selections, same curve; its step
+    counts no reference forward, and its one-off seconds are charged to its wall-clock."""
+    import pyarrow.compute as pc
+
+    from selection_callbacks.core.ledger_store import read_ledger
+
+    scale = tmp_path / "tiny.yaml"
+    scale.write_text(TINY_SCALE)
+    methods = "random,rho@reference_steps=20,rho_lookup@reference_steps=20"
+    results = bench_compare.main(_args(tiny_corpus, tmp_path / "out", scale, methods, seeds="1"))
+    live, looked_up = (results["methods"][m]["runs"][0] for m in ("rho@reference_steps=20", "rho_lookup@reference_steps=20"))
+    picked = [read_ledger(tmp_path / "out" / r["run_dir"]).filter(pc.field("selected")).column("sample_id").to_pylist()
+              for r in (live, looked_up)]
+    assert picked[0] == picked[1] and len(picked[0]) == 6 * 4  # 6 steps of K = 4
+    assert looked_up["final_val_bpb"] == pytest.approx(live["final_val_bpb"], abs=1e-6)
+    assert looked_up["one_off_seconds"] > 0 and live["one_off_seconds"] == 0
+    assert looked_up["modelled_step_ratio"] < live["modelled_step_ratio"]
+    metrics = json.loads((tmp_path / "out" / looked_up["run_dir"] / "metrics.json").read_text())
+    assert "reference_fwd" not in metrics["selection"]["cost"] and "learner_fwd" in metrics["selection"]["cost"]

@@ -27,7 +27,9 @@ from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.token_bin import load_token_bin
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.learner.reference import load_reference
-from selection_callbacks.scoring.proxy_models import check_reference_fits
+from selection_callbacks.core.pass_counts import CostMeter
+from selection_callbacks.nn.gpt import GPTConfig
+from selection_callbacks.scoring.proxy_models import Proxy, ProxyLM, check_reference_fits, pretrain_on_target, seeded_proxy
 
 FINGERPRINT_TOKENS = 1 << 20
 
@@ -105,6 +107,27 @@ def reference_losses(module: torch.nn.Module, split: PackedSplit, batch_size: in
     return out
 
 
+def pretrained_reference(datamodule: object, config: GPTConfig, steps: int, batch_size: int, lr: float, seed: int) -> ProxyLM:
+    """The reference RHO-LOSS (and ClassAct's paper variant) pretrains when given no checkpoint, outside a run.
+
+    The proxy of (``seed``, "reference") with ``config`` (the selector's ``proxy_config``), trained for
+    ``steps`` AdamW steps at ``lr`` on ``datamodule.target_batch`` draws seeded as in the run: the same
+    weights as the live reference, so a table of its losses selects as the live run does.
+    """
+    proxy = Proxy("reference", seeded_proxy(config, seed, "reference"), CostMeter(), lr)
+    pretrain_on_target(proxy, datamodule, steps, batch_size, seed)
+    return proxy.module
+
+
+def write_loss_table(loss: np.ndarray, split: PackedSplit, out: str | Path) -> Path:
+    """``out`` (.npz) holding ``loss`` [S] for the packed pool ``split``, its seq_len and fingerprint."""
+    out = Path(out)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    with out.open("wb") as f:  # a file object keeps the name exactly as given (np.savez would append .npz)
+        np.savez(f, loss=loss, seq_len=np.int64(split.seq_len), fingerprint=np.str_(pool_fingerprint(split)))
+    return out
+
+
 def pack_pool(pool: str, seq_len: int, cache_dir: str | None, eot_id: int) -> PackedSplit:
     """The pool packed as ``PoolDataModule`` packs it (text with the byte tokenizer, or a ``.bin`` of token ids)."""
     cache = cache_dir or default_cache_dir()
@@ -137,10 +160,7 @@ def run(args: Namespace) -> Path:
     split = pack_pool(args.pool, args.seq_len, args.cache_dir, args.eot_id)
     check_reference_fits(module, int(split.tokens.max()) + 1, args.seq_len, f"reference {args.ckpt!r}")
     loss = reference_losses(module, split, args.batch_size, torch.device(args.device))
-    out = Path(args.out)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    with out.open("wb") as f:  # a file object keeps the name exactly as given (np.savez would append .npz)
-        np.savez(f, loss=loss, seq_len=np.int64(args.seq_len), fingerprint=np.str_(pool_fingerprint(split)))
+    out = write_loss_table(loss, split, args.out)
     print(f"wrote {out}: {len(loss)} sequences, mean reference loss {loss.mean():.4f} nats")
     return out
 
