@@ -167,7 +167,7 @@ def test_steptime_ratios_from_interleaved_runs(bench_run, tiny_corpus) -> None:
     root, scale, _ = bench_run
     out = root / "steptime"
     result = steptime.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val",
-                            tiny_corpus["val"], "--methods", "random,high_loss", "--steps", "6", "--evals", "3",
+                            tiny_corpus["val"], "--methods", "random,high_loss,rho_lookup@reference_steps=2", "--steps", "6", "--evals", "3",
                             "--repeats", "2", "--scale", str(scale), "--out", str(out)])
     m = result["methods"]
     assert m["random"]["ratios"] == [1.0, 1.0] and len(m["high_loss"]["ratios"]) == 2
@@ -177,6 +177,8 @@ def test_steptime_ratios_from_interleaved_runs(bench_run, tiny_corpus) -> None:
     assert m["high_loss"]["selection_fraction_median"] > m["random"]["selection_fraction_median"]
     # high-loss's one extra pass: a learner forward over the N = K/ρ candidates, 1/(3ρ) of a training step
     assert m["random"]["modelled_ratio"] == 1.0 and m["high_loss"]["modelled_ratio"] == pytest.approx(1 + 2 / 3)
+    # looked-up reference losses: the learner's forward is the only pass left, as for high-loss
+    assert m["rho_lookup@reference_steps=2"]["modelled_ratio"] == pytest.approx(1 + 2 / 3)
     assert "| high_loss |" in (out / "steptime.md").read_text()
     with pytest.raises(SystemExit, match="offline selector"):
         steptime.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val", tiny_corpus["val"],
