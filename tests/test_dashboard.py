@@ -12,37 +12,17 @@ import torch
 import wandb
 from lightning.pytorch.loggers import CSVLogger
 
-import train
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.learner.lit_gpt import LitGPT
 from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RandomSelection
+from tests.wandb_fit import wandb_fit
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 def test_wandb_offline_run_holds_histograms_tables_and_summary(tiny_corpus, tmp_path: Path, monkeypatch) -> None:
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    logged: list[dict] = []
-    log = wandb.sdk.wandb_run.Run.log
-
-    def spy(self, data, *args, **kwargs):
-        logged.append(dict(data))
-        return log(self, data, *args, **kwargs)
-
-    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", spy)
-    cli = train.main([
-        "fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config", str(ROOT / "configs/method/high_loss.yaml"),
-        "--config", str(ROOT / "configs/logger/wandb.yaml"), "--trainer.logger.init_args.save_dir", str(tmp_path),
-        "--data.pool", tiny_corpus["pool"], "--data.target", tiny_corpus["target"], "--data.val", tiny_corpus["val"],
-        "--data.seq_len", "32", "--data.progress", "false", "--data.val_samples", "16",
-        "--model.config.n_layer", "1", "--model.config.n_embd", "32", "--model.config.n_head", "2",
-        "--trainer.max_steps", "5", "--trainer.val_check_interval", "5", "--trainer.log_every_n_steps", "1",
-        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run"),
-        "--dashboard.histogram_every", "2",
-    ])
+    cli, logged = wandb_fit(tiny_corpus, tmp_path, monkeypatch, "high_loss", ["--dashboard.histogram_every", "2"])
     run = cli.trainer.logger.experiment
     try:
         for key in ("selection/scores_chosen", "selection/scores_rejected"):

@@ -10,10 +10,8 @@ from pathlib import Path
 import lightning as L
 import pytest
 import torch
-import wandb
 from scipy.stats import spearmanr
 
-import train
 from selection_callbacks.core.rank_correlation import spearman
 from selection_callbacks.methods import OPUSSelection
 from selection_callbacks.nn.gpt import GPT
@@ -23,8 +21,8 @@ from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
 from selection_callbacks.scoring.reliability import split_half_reliability
 from tests.conftest import write_jsonl
 from tests.test_opus import CFG, _fit
+from tests.wandb_fit import wandb_fit
 
-ROOT = Path(__file__).resolve().parents[1]
 
 
 @pytest.mark.parametrize("ties", [False, True])
@@ -130,26 +128,7 @@ def test_diagnostic_selections_are_every_nth_and_survive_a_resume() -> None:
 def test_diagnostics_reach_metrics_json_and_an_offline_wandb_run(tiny_corpus, tmp_path: Path, monkeypatch) -> None:
     """train.py with OPUS and the W&B logger: the split-half Spearman is logged on every 2nd step, the run
     summary and metrics.json hold the diagnostics and each domain's kept fraction."""
-    monkeypatch.setenv("WANDB_DIR", str(tmp_path))
-    monkeypatch.setenv("WANDB_SILENT", "true")
-    logged: list[dict] = []
-    log = wandb.sdk.wandb_run.Run.log
-
-    def spy(self, data, *args, **kwargs):
-        logged.append(dict(data))
-        return log(self, data, *args, **kwargs)
-
-    monkeypatch.setattr(wandb.sdk.wandb_run.Run, "log", spy)
-    cli = train.main([
-        "fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config", str(ROOT / "configs/method/opus.yaml"),
-        "--config", str(ROOT / "configs/logger/wandb.yaml"), "--trainer.logger.init_args.save_dir", str(tmp_path),
-        "--data.pool", tiny_corpus["pool"], "--data.target", tiny_corpus["target"], "--data.val", tiny_corpus["val"],
-        "--data.seq_len", "32", "--data.progress", "false", "--data.val_samples", "16",
-        "--model.config.n_layer", "1", "--model.config.n_embd", "32", "--model.config.n_head", "2",
-        "--trainer.max_steps", "5", "--trainer.val_check_interval", "5", "--trainer.log_every_n_steps", "1",
-        "--trainer.enable_progress_bar", "false", "--trainer.default_root_dir", str(tmp_path / "run"),
-        "--selection.init_args.diagnostics_every", "2",
-    ])
+    cli, logged = wandb_fit(tiny_corpus, tmp_path, monkeypatch, "opus", ["--selection.init_args.diagnostics_every", "2"])
     run = cli.trainer.logger.experiment
     try:
         steps = [d["trainer/global_step"] for d in logged if "select/utility_split_half" in d]
