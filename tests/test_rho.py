@@ -14,7 +14,10 @@ from selection_callbacks.learner.lit_gpt import LitGPT
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.nn.flops import matmul_flops_per_token
+from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.methods import RhoLossSelection
+from selection_callbacks.scoring.losses import per_sample_loss
+from selection_callbacks.scoring.windows import score_windows
 from selection_callbacks.offline import reference_losses
 from selection_callbacks.offline.reference_losses import ReferenceLossTable
 from selection_callbacks.learner.reference import load_reference
@@ -116,3 +119,17 @@ def test_clear_errors(trained: dict, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="not a LitGPT checkpoint"):
         _select(trained, RhoLossSelection(reference=str(tmp_path / "junk.ckpt")))
     assert isinstance(load_reference(trained["ckpt"]), LitGPT)
+
+
+def test_windowed_scores_are_both_models_losses_on_the_same_windows(trained: dict) -> None:
+    """score_len = 8: the score is ℓ_learner − ℓ_reference on each candidate's seeded 8-token window (the first
+    selection, before any step, scores with the learner as trained), and each forward costs 8 tokens a row."""
+    selector = RhoLossSelection(ratio=0.5, reference=str(trained["ckpt"]), score_len=8)
+    record, _ = _select(trained, selector)
+    windows = score_windows(record.batch, 8, micro_batch_generator(selector.seed, record.epoch, record.micro_batch, "window"))
+    with torch.no_grad():
+        want = per_sample_loss(trained["learner"], windows) - per_sample_loss(load_reference(trained["ckpt"]), windows)
+    torch.testing.assert_close(record.scores, want.float(), rtol=1e-4, atol=1e-5)
+    assert selector.meter.total["learner_fwd"] == selector.meter.total["reference_fwd"] == [1, 64 * 8]
+    with pytest.raises(ValueError, match="not reference_losses"):
+        RhoLossSelection(reference_losses="pool_losses.npz", score_len=8)
