@@ -268,8 +268,8 @@ class SelectionCallback(L.Callback, ABC):
             )
 
     def _domain_share(self, trainer: L.Trainer, batch: MutableMapping, index: torch.Tensor) -> dict[str, float]:
-        """Share of each domain among the chosen: ``domain`` as int codes [N] (named by the datamodule's
-        ``domain_names``) or as N strings."""
+        """Share of each domain among the chosen (0 for every domain seen so far and not chosen now): ``domain``
+        as int codes [N] (named by the datamodule's ``domain_names``) or as N strings."""
         domain = batch.get("domain")
         if isinstance(domain, torch.Tensor):
             names = getattr(getattr(trainer, "datamodule", None), "domain_names", None)
@@ -281,7 +281,7 @@ class SelectionCallback(L.Callback, ABC):
         chosen = [candidates[i] for i in index.tolist()]
         for name in candidates:
             self.domain_candidates[name] = self.domain_candidates.get(name, 0) + 1
-        shares: dict[str, float] = {}
+        shares = dict.fromkeys(self.domain_candidates, 0.0)  # every domain seen so far, so none keeps a stale share
         for name in chosen:
             shares[name] = shares.get(name, 0.0) + 1.0 / len(chosen)
             self.domain_counts[name] = self.domain_counts.get(name, 0) + 1
