@@ -24,6 +24,7 @@ import os
 import subprocess
 import sys
 import time
+from collections.abc import Callable
 from pathlib import Path
 from typing import Any
 
@@ -170,44 +171,41 @@ def finished(metrics_path: Path, steps: int) -> bool:
     return m.get("global_step", 0) >= steps and bool(m.get("curve")) and m["curve"][-1][0] == m["update_tokens"]
 
 
-def prepare_offline(plan: Plan, method: Method, seed: int) -> tuple[Path, float]:
-    """Run an offline selector once per seed (cached); returns its subset file and selection seconds."""
+def cached_stage(plan: Plan, method: Method, seed: int, key: str, run: Callable[[Path], Any]) -> tuple[Any, float]:
+    """``run(folder)`` once per (config, method, seed): its JSON-able result (``key`` in the file) and seconds, reused from
+    ``prepare.json`` while the method's identity is unchanged (a file from before identities were recorded counts)."""
     folder = Path(plan.args.out) / "prepare" / plan.config_hash / method.name / f"seed{seed}"
     done = folder / "prepare.json"
     identity = method_identity(plan, method)
     if done.exists():
         info = json.loads(done.read_text())
         if info.get("identity", identity) == identity:
-            return Path(info["subset"]), float(info["seconds"])
-        print(f"[bench] {method.name} seed {seed}: its inputs changed since the subset was made; selecting again")
+            return info[key], float(info["seconds"])
+        print(f"[bench] {method.name} seed {seed}: its inputs changed since it was prepared; preparing again")
     folder.mkdir(parents=True, exist_ok=True)
-    budget = plan.steps * plan.tokens_per_step  # tokens the run will train on
     start = time.perf_counter()
-    overrides = plan.overrides.get(method.name, [])
-    subset = method.select(plan.args.pool, plan.args.target, budget, seed, folder, *([overrides] if overrides else []))
+    result = run(folder)
     seconds = time.perf_counter() - start
-    done.write_text(json.dumps({"subset": str(subset), "seconds": seconds, "identity": identity}))
-    return subset, seconds
+    done.write_text(json.dumps({key: result, "seconds": seconds, "identity": identity}))
+    return result, seconds
+
+
+def prepare_offline(plan: Plan, method: Method, seed: int) -> tuple[Path, float]:
+    """Run an offline selector once per seed (cached); returns its subset file and selection seconds."""
+    budget = plan.steps * plan.tokens_per_step  # tokens the run will train on
+    overrides = plan.overrides.get(method.name, [])
+    subset, seconds = cached_stage(plan, method, seed, "subset", lambda folder: str(method.select(
+        plan.args.pool, plan.args.target, budget, seed, folder, *([overrides] if overrides else []))))
+    return Path(subset), seconds
 
 
 def prepare_online(plan: Plan, method: Method, seed: int) -> tuple[list[tuple[str, str]], float]:
     """Run an online method's prepare stage once per seed (cached); returns its selection overrides and seconds."""
-    folder = Path(plan.args.out) / "prepare" / plan.config_hash / method.name / f"seed{seed}"
-    done = folder / "prepare.json"
-    identity = method_identity(plan, method)
-    if done.exists():
-        info = json.loads(done.read_text())
-        if info.get("identity") == identity:
-            return [tuple(o) for o in info["overrides"]], float(info["seconds"])
-        print(f"[bench] {method.name} seed {seed}: its config changed since it was prepared; preparing again")
-    folder.mkdir(parents=True, exist_ok=True)
-    start = time.perf_counter()
     a = plan.args
-    overrides = method.prepare(a.pool, a.target, a.val, plan.scale_path, ROOT / method.config, seed, folder, a.threads,
-                               plan.overrides.get(method.name, []))
-    seconds = time.perf_counter() - start
-    done.write_text(json.dumps({"overrides": overrides, "seconds": seconds, "identity": identity}))
-    return overrides, seconds
+    overrides, seconds = cached_stage(plan, method, seed, "overrides", lambda folder: method.prepare(
+        a.pool, a.target, a.val, plan.scale_path, ROOT / method.config, seed, folder, a.threads,
+        plan.overrides.get(method.name, [])))
+    return [tuple(o) for o in overrides], seconds
 
 
 def method_identity(plan: Plan, method: Method) -> str:
