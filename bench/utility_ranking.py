@@ -23,7 +23,10 @@ K rows) are scored against the effects by Spearman's ρ and by the top-K overlap
 |top-16 by utility ∩ top-16 by effect| (8 expected at random). AdamW: ``frozen`` (the default: the
 derivative at torch's v) and ``proxy_in_v`` (ḡ_proxy² in v). Muon: ``momentum`` (the default: the
 Newton–Schulz derivative at the momentum), ``batch`` (at μ²·buf + (1 − μ²)·ḡ_S averaged over 8 drawn
-K-row batches S) and ``frozen_ns`` (the old self-adjoint map, Newton–Schulz frozen at the momentum).
+K-row batches S) and ``frozen_ns`` (the old self-adjoint map, Newton–Schulz frozen at the momentum);
+``at_base_batch`` is the derivative at the point the reference step really orthogonalises
+(μ²·buf + (1 − μ²)·K/(K+1)·ḡ_B), which needs the base batch no scorer sees: the ceiling of any
+evaluation point.
 Writes ``<out>.json`` (every state and the medians) and ``<out>.md`` (the table, also printed).
 """
 
@@ -65,7 +68,7 @@ CFG = GPTConfig(vocab_size=320, block_size=T, n_layer=1, n_head=2, n_embd=32)
 K, N_CAND, N_PROXY, TRAIN_BATCH = 16, 32, 8, 8
 LR, WD, BETA1, BETA2, MUON_LR, MUON_MU = 3e-3, 0.1, 0.9, 0.95, 0.02, 0.95
 NS = NewtonSchulz((torch_muon.DEFAULT_A, torch_muon.DEFAULT_B, torch_muon.DEFAULT_C), torch_muon.DEFAULT_NS_STEPS, torch_muon.EPS)
-VARIANTS = {"adamw": ("frozen", "proxy_in_v"), "muon": ("momentum", "batch", "frozen_ns")}
+VARIANTS = {"adamw": ("frozen", "proxy_in_v"), "muon": ("momentum", "batch", "frozen_ns", "at_base_batch")}
 
 Resolver = Callable[..., object]
 
@@ -155,6 +158,24 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
+class AtBaseBatch:
+    """Muon's derivative at the point the protocol's step really orthogonalises, μ²·buf + (1 − μ²)·g
+    with g = K/(K+1)·ḡ_B: the engine's VJP fed the base batch it cannot see when it scores (a
+    ceiling for any evaluation point, not a map OPUS can use)."""
+
+    def __init__(self, opt: torch.optim.Optimizer, model: torch.nn.Module, g_base: dict[str, torch.Tensor]) -> None:
+        self.inner = OptimizerPreconditioner(opt, muon_batch=K, muon_draws=1)
+        self.names = {id(p): k for k, p in model.named_parameters()}
+        self.g_base = g_base
+
+    def group_key(self, param):
+        return self.inner.group_key(param)
+
+    def __call__(self, params, gbar, step=None):
+        batch = torch.stack([self.g_base[self.names[id(p)]].float() for p in params])[None]
+        return self.inner(params, gbar, SimpleNamespace(mean_gradients=lambda rows, draws: batch) if step is not None else None)
+
+
 class FrozenMaps:
     """The maps before the derivative: utilities ⟨P G_i, ḡ⟩ through the frozen, self-adjoint P
     (AdamW with ḡ² in v, Muon's Newton–Schulz frozen at the momentum)."""
@@ -184,17 +205,20 @@ class Probe:
 def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolvers: dict[str, Resolver],
           gen: torch.Generator, beta2: float = BETA2) -> Probe:
     """Draws K base rows, N_CAND candidates and N_PROXY proxy rows from ``gen``; scores the candidates with
-    the GhostEngine through every resolver and measures effect_i on a float64 copy of ``opt``."""
+    the GhostEngine through every resolver (under Muon also :class:`AtBaseBatch`) and measures effect_i on a
+    float64 copy of ``opt``."""
     base, cands, proxy = windows(POOL, K, gen), windows(POOL, N_CAND, gen), windows(TARGET, N_PROXY, gen)
-    engine = GhostEngine(model, include_embedding=True, include_head=True)
-    utilities = {k: engine.score(row_losses(model), cat(cands, proxy), N_CAND, r).utilities.numpy() for k, r in resolvers.items()}
-    scored = [f"{layer}.weight" for layer, _ in engine.layers if layer != "wpe"]  # the position table is shared by all rows
-
     step = RealStep(model, opt, name, beta2)
     G = per_sample_grads(step.model, cat(base, cands, proxy))
     g_base = {k: v[:K].mean(0) * K / (K + 1) for k, v in G.items()}
     g_proxy = {k: v[K + N_CAND :].mean(0) for k, v in G.items()}
     bf16_error, muon = 0.0, name == "muon"
+    if muon:
+        resolvers = {**resolvers, "at_base_batch": AtBaseBatch(opt, model, g_base)}
+    engine = GhostEngine(model, include_embedding=True, include_head=True)
+    utilities = {k: engine.score(row_losses(model), cat(cands, proxy), N_CAND, r).utilities.numpy() for k, r in resolvers.items()}
+    scored = [f"{layer}.weight" for layer, _ in engine.layers if layer != "wpe"]  # the position table is shared by all rows
+
     if muon:
         matrices = [k for k, p in step.params.items() if any(p is q for g in step.opt.muon.param_groups for q in g["params"])]
         torch_delta = step(g_base)

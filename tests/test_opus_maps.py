@@ -22,7 +22,7 @@ from scipy.stats import spearmanr
 from torch.optim._muon import _adjust_lr
 
 from bench.utility_ranking import (
-    CFG, K, MUON_LR, MUON_MU, N_PROXY, NS, POOL, TARGET, TRAIN_BATCH, FrozenMaps, RealStep, cat, make_optimizer, ns64,
+    CFG, K, MUON_LR, MUON_MU, N_PROXY, NS, POOL, TARGET, TRAIN_BATCH, AtBaseBatch, FrozenMaps, RealStep, cat, make_optimizer, ns64,
     per_sample_grads, probe, relative, train_step, windows,
 )
 from selection_callbacks.methods import OPUSSelection
@@ -168,6 +168,28 @@ def test_muon_batch_point_utilities_match_brute_force(stack: bool) -> None:
         want = (G[name][:n] * q).flatten(1).sum(1)
         torch.testing.assert_close(got.layer_utilities[layer], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
 
+
+
+def test_base_batch_reference_differentiates_at_the_point_the_step_orthogonalises() -> None:
+    """bench.utility_ranking's ceiling: Muon utilities from the VJP at μ²·buf + (1 − μ²)·g_base for the given base
+    gradients g_base, from explicit per-sample gradients."""
+    model, opt, gen = trained("muon", 3)
+    n = 6
+    batch = cat(windows(POOL, n, gen), windows(TARGET, N_PROXY, gen))
+    g_base = {name: torch.randn(p.shape, generator=gen) * 1e-2 for name, p in model.named_parameters()}
+    got = GhostEngine(model).score(row_losses(model), batch, n, AtBaseBatch(opt, model, g_base))
+    G = per_sample_grads(model, batch)
+    coef, checked = 1 - MUON_MU**2, 0
+    for name, p in model.named_parameters():
+        layer = name.removesuffix(".weight")
+        if layer not in got.layer_utilities or "momentum_buffer" not in opt.state[p]:
+            continue
+        point = MUON_MU**2 * opt.state[p]["momentum_buffer"] + coef * g_base[name]
+        q = _adjust_lr(MUON_LR, None, p.shape) * coef * NS.vjp(point, G[name][n:].mean(0))
+        want = (G[name][:n] * q).flatten(1).sum(1)
+        torch.testing.assert_close(got.layer_utilities[layer], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
+        checked += 1
+    assert checked >= 4  # every Muon matrix of the block
 
 def test_utility_ranking_bench_smoke(tmp_path) -> None:
     """One configuration, stage and seed of the bench: its JSON and table carry every variant's ρ and top-K overlap."""
