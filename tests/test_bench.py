@@ -231,22 +231,27 @@ def test_equal_wall_uses_the_interleaved_step_time_ratio(tmp_path) -> None:
     """A method 25% slower per step is judged at random's tokens / 1.25; the run's own wall-clock is ignored."""
     from bench.equal_wall import equal_wall, main as equal_wall_main
 
-    def run(seed, bpbs, wall_per_token):
+    def run(seed, bpbs, wall_per_token, one_off=0.0):
         tokens = [100.0 * (i + 1) for i in range(len(bpbs))]
-        return {"seed": seed, "final_val_bpb": bpbs[-1], "curve": [[t, t * wall_per_token, b] for t, b in zip(tokens, bpbs)]}
+        return {"seed": seed, "final_val_bpb": bpbs[-1], "curve": [[t, t * wall_per_token, b] for t, b in zip(tokens, bpbs)],
+                "wall_seconds": tokens[-1] * wall_per_token + one_off, "one_off_seconds": one_off}
 
     results = {"config": {"optimizer": "muon", "ratio": 0.5}, "methods": {
         "random": {"runs": [run(0, [4.0, 3.5, 3.2, 3.0, 2.8], 1.0), run(1, [4.1, 3.6, 3.3, 3.1, 2.9], 1.0)]},
-        "m": {"runs": [run(0, [3.9, 3.3, 3.0, 2.8, 2.7], 9.0), run(1, [4.0, 3.5, 3.2, 2.95, 2.85], 9.0)]},
+        "m": {"runs": [run(0, [3.9, 3.3, 3.0, 2.8, 2.7], 9.0, one_off=100.0), run(1, [4.0, 3.5, 3.2, 2.95, 2.85], 9.0, one_off=50.0)]},
     }}
-    steptime = {"config": {"optimizer": "muon", "ratio": 0.5},
-                "methods": {"random": {"ratio_to_random_median": 1.0}, "m": {"ratio_to_random_median": 1.25}}}
+    # random: 10 update tokens a step at 0.2 s → 50 steps, 10 s a run; m starts 3 s later than random (an in-run start-up)
+    steptime = {"config": {"optimizer": "muon", "ratio": 0.5, "tokens_per_step": 10},
+                "methods": {"random": {"ratio_to_random_median": 1.0, "step_ms_median": 200.0, "fixed_seconds_median": 0.5},
+                            "m": {"ratio_to_random_median": 1.25, "step_ms_median": 250.0, "fixed_seconds_median": 3.5}}}
     s = equal_wall(results, steptime)["m"]
     # 500 tokens / 1.25 = 400 tokens: seed 0 is at 2.8 (Δ 0), seed 1 at 2.95 (Δ +0.05)
     assert s["bpb_at_random_wall"] == pytest.approx([2.8, 2.95])
     assert s["diff_mean"] == pytest.approx(0.025) and s["better_seeds"] == 0
     # random's final 2.8 reached at 400 tokens → 1.25 × 0.8; 2.9 between 400 (2.95) and 500 (2.85) → 450
     assert s["wall_to_random"] == pytest.approx([1.0, 1.25 * 0.9])
+    # charged: + 3 s / 10 s of start-up, + the prepare's 100 s (50 s) over random's 500 s wall-clock in the comparison
+    assert s["wall_to_random_charged"] == pytest.approx([1.0 + 0.3 + 0.2, 1.25 * 0.9 + 0.3 + 0.1])
     (tmp_path / "r.json").write_text(json.dumps(results))
     steptime["config"]["optimizer"] = "adamw"
     (tmp_path / "s.json").write_text(json.dumps(steptime))
