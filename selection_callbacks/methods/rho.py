@@ -91,9 +91,11 @@ class RhoLossSelection(ProxySelection):
             )
         if not reference_lr > 0:
             raise ValueError(f"reference_lr must be > 0, got {reference_lr}")
-        if score_len is not None and (score_len < 1 or reference_losses is not None):
-            raise ValueError(f"score_len={score_len}: windows need score_len ≥ 1 and a reference that scores them "
-                             "(reference=CKPT or a pretrained one), not reference_losses (whole-sequence losses)")
+        if score_len is not None and score_len < 1:
+            raise ValueError(f"score_len must be ≥ 1 or None (the whole sequence), got {score_len}")
+        if score_len is not None and reference_losses is not None:
+            raise ValueError(f"score_len={score_len}: windows need a reference that scores them (reference=CKPT or a "
+                             "pretrained one), not reference_losses (whole-sequence losses)")
         self.score_len = score_len
         self.reference_losses, self.reference_lr = reference_losses, reference_lr
         self.table: ReferenceLossTable | None = None
