@@ -18,6 +18,7 @@ from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 from selection_callbacks.scoring.preconditioners import (
     IdentityPreconditioner,
+    NewtonSchulz,
     OptimizerPreconditioner,
     newton_schulz_left_factor,
 )
@@ -352,8 +353,10 @@ def test_muon_factor_equals_the_explicit_iteration(shape) -> None:
     for _ in range(5):  # the textbook iteration on the d×n matrix, in float64
         A = x @ x.T
         x = (a * torch.eye(A.shape[0], dtype=A.dtype) + b * A + c * A @ A) @ x
-    L, norm, tall = newton_schulz_left_factor(u, (a, b, c), 5, 1e-7)
+    L, norm, tall = newton_schulz_left_factor(u, (a, b, c), 5, 1e-7)  # the accelerators' factor
     assert float((L.double() @ x0 - x).norm() / x.norm()) < 1e-4
+    L = NewtonSchulz((a, b, c), 5, 1e-7).spectral(u).L  # the CPU's, from the eigendecomposition
+    assert float((L.double() @ x0 - x).norm() / x.norm()) < 1e-5
 
 
 @pytest.mark.parametrize("opt_name,sketch", [("adamw", "tensor"), ("adamw", "count"), ("muon", "tensor"), ("sgd", "two_sided")])

@@ -95,18 +95,25 @@ def test_newton_schulz_copy_reproduces_torch_muon_step() -> None:
         assert relative(NS(u[None])[0].double(), ns64(u, NS.coefficients, NS.steps, NS.eps)) < 1e-5
 
 
-@pytest.mark.parametrize("shape", [(2, 16, 48), (2, 48, 16), (1, 24, 24)])
-def test_newton_schulz_vjp_matches_float64_autograd_and_finite_differences(shape) -> None:
+@pytest.mark.parametrize("shape,rank", [((2, 16, 48), None), ((2, 48, 16), None), ((1, 24, 24), None), ((1, 40, 64), 3)])
+def test_newton_schulz_vjp_matches_float64_autograd_and_finite_differences(shape, rank) -> None:
+    """Both VJPs against reverse mode through the direct iteration in float64 and against finite
+    differences, full rank and at a rank-3 point (a momentum of a few steps: most eigenvalues of its
+    Gram matrix are zero)."""
     gen = torch.Generator().manual_seed(0)
     x, v, h = (torch.randn(*shape, generator=gen, dtype=torch.float64) for _ in range(3))
-    got = NS.vjp(x, v)
-    assert got.dtype == torch.float32
+    if rank:
+        x = torch.randn(*shape[:-1], rank, generator=gen, dtype=torch.float64) @ torch.randn(rank, shape[-1], generator=gen, dtype=torch.float64)
     x64 = x.clone().requires_grad_(True)
     want = torch.autograd.grad(ns64(x64, NS.coefficients, NS.steps, NS.eps), x64, v)[0]
-    assert relative(got.double(), want) < 1e-4
     eps = 1e-6
     fd = ((ns64(x + eps * h, NS.coefficients, NS.steps, NS.eps) - ns64(x - eps * h, NS.coefficients, NS.steps, NS.eps)) * v).sum() / (2 * eps)
-    assert float((got.double() * h).sum()) == pytest.approx(float(fd), rel=1e-4)
+    spectral = NS.vjp(x, v)  # a CPU tensor: the eigenbasis form
+    assert torch.equal(spectral, NS.spectral_vjp(NS.spectral(x), v))
+    for got in (spectral, NS.reverse_vjp(x, v)):  # the accelerators' reverse mode, run here on the CPU
+        assert got.dtype == torch.float32
+        assert relative(got.double(), want) < 1e-4
+        assert float((got.double() * h).sum()) == pytest.approx(float(fd), rel=1e-4)
 
 
 def test_adamw_map_is_the_derivative_of_torch_step_at_frozen_moments() -> None:
@@ -135,9 +142,12 @@ def test_first_step_maps_fall_back_to_the_proxy_gradient() -> None:
     proxy_in_v = OptimizerPreconditioner(adamw, "proxy_in_v")([model.blocks[0].mlp.fc.weight], gbar)
     torch.testing.assert_close(frozen.utility_vector(gbar), proxy_in_v.utility_vector(gbar))
     muon = make_optimizer(model, "muon")
-    pre = OptimizerPreconditioner(muon)([model.blocks[0].mlp.fc.weight], gbar)
-    torch.testing.assert_close(pre.points[0], (1 - MUON_MU**2) * gbar)  # no momentum, no draws: the proxy's own update
-    assert bool(pre.utility_vector(gbar).isfinite().all())
+    weight = model.blocks[0].mlp.fc.weight
+    pre = OptimizerPreconditioner(muon)([weight], gbar)
+    coef = 1 - MUON_MU**2  # no momentum, no draws: the derivative at the proxy's own update
+    want = _adjust_lr(MUON_LR, None, weight.shape) * coef * NS.vjp(coef * gbar, gbar)
+    torch.testing.assert_close(pre.utility_vector(gbar), want)
+    assert bool(want.isfinite().all()) and float(want.norm()) > 0
 
 
 def test_unknown_adamw_map_is_refused() -> None:

@@ -50,7 +50,7 @@ class OPUSSelection(GhostSelection):
             drawn batches alone set the point). Against the real step's marginal effects on a tiny GPT,
             median Spearman over 9 held-out seeds at steps 5 / 50 / 300: momentum 0.92 / 0.81 / 0.92,
             batch 0.93 / 0.92 / 0.91 (bench/results/ghost/utility-ranking-muon-heldout.md); on CPU
-            (bench.ghost's 6 × 384 GPT, N = 64, T = 16) the batch point's utilities cost 5.7× the
+            (bench.ghost's 6 × 384 GPT, N = 64, T = 16) the batch point's utilities cost 4.9× the
             momentum point's (bench/results/ghost/README.md).
         muon_draws: batches drawn for ``muon_point="batch"`` (one vector–Jacobian product each per matrix).
         **kwargs: :class:`GhostSelection` arguments (``score_len``, ``sketch_dim``,

@@ -190,13 +190,42 @@ class DiagonalMap:
 
 
 @dataclass(frozen=True)
+class SpectralNS:
+    """Newton–Schulz at one point, in the eigenbasis of the point's Gram matrix.
+
+    With X₀ = x/max(‖x‖_F, eps) wide (d×n, d ≤ n) and A₀ = X₀X₀ᵀ = QΛQᵀ, every iterate is
+    X_k = L_k X₀ with L_k a polynomial in A₀: a step multiplies L by S = q(A) and A by S²,
+    q(t) = a + bt + ct². On an eigenvalue λ that is s = q(λ⁽ᵏ⁾), φ⁽ᵏ⁺¹⁾ = sφ⁽ᵏ⁾, λ⁽ᵏ⁺¹⁾ = s²λ⁽ᵏ⁾ from
+    φ⁽⁰⁾ = 1, λ⁽⁰⁾ = λ, so NS(x) = L X₀ with L = Q diag(φ) Qᵀ (transposed back where x is tall).
+    ``Phi`` [..., d, d] holds φ's divided differences (φ(λ_i) − φ(λ_j))/(λ_i − λ_j) (φ'(λ_i) on the
+    diagonal), formed by the product rule and F[q∘h]_ij = F[h]_ij·(b + c(h_i + h_j)) without
+    subtracting close eigenvalues. ``norm`` [...] is the clamped ‖x‖_F, ``clamped`` [...] where the
+    clamp acted.
+    """
+
+    X0: torch.Tensor
+    norm: torch.Tensor
+    clamped: torch.Tensor
+    tall: bool
+    Q: torch.Tensor
+    phi: torch.Tensor
+    Phi: torch.Tensor
+
+    @property
+    def L(self) -> torch.Tensor:
+        """L = Q diag(φ) Qᵀ [..., d, d], the left factor: NS(x) = L X₀ in the wide orientation."""
+        return (self.Q * self.phi[..., None, :]) @ self.Q.mT
+
+
+@dataclass(frozen=True)
 class NewtonSchulz:
-    """Torch's Muon orthogonalisation NS(x) as an out-of-place float32 function of stacks [L, m, n].
+    """Torch's Muon orthogonalisation NS(x) as an out-of-place float32 function of stacks [..., m, n].
 
     The same steps as ``torch.optim._muon._zeropower_via_newtonschulz``: X₀ = x/max(‖x‖_F, eps) in
     the wide orientation (xᵀ where m > n), then ``steps`` times A = XXᵀ, X ← aX + (bA + cA²)X, the
-    result transposed back. Torch iterates in bfloat16; this copy stays in float32. Its VJP costs
-    about three forward passes, each 5·(2d²n + d³) for d×n matrices (d ≤ n), per evaluation point.
+    result transposed back. Torch iterates in bfloat16; this copy stays in float32. ``spectral``
+    writes the same polynomial in the eigenbasis of X₀X₀ᵀ (``SpectralNS``), where ``spectral_vjp``
+    differentiates it with about 6·d²n multiply-adds and one d×d eigendecomposition.
     """
 
     coefficients: tuple[float, float, float]
@@ -213,11 +242,62 @@ class NewtonSchulz:
             X = a * X + (b * A + c * (A @ A)) @ X
         return X.mT if tall else X
 
-    def vjp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
-        """(∂NS/∂x)ᵀ v at x, by reverse mode through the iteration; x, v [..., m, n] → [..., m, n] float32."""
+    def spectral(self, x: torch.Tensor) -> SpectralNS:
+        """NS at x [..., m, n] in the eigenbasis of its Gram matrix: d²n multiply-adds for X₀X₀ᵀ, one
+        float64 eigendecomposition of d×d, and O(d²) a step."""
+        tall = x.shape[-2] > x.shape[-1]
+        X = (x.mT if tall else x).float()
+        norm = torch.linalg.matrix_norm(X)  # no device sync
+        clamped = norm < self.eps
+        norm = norm.clamp(min=self.eps)
+        X0 = X / norm[..., None, None]
+        X64 = X0.double()
+        lam, Q = torch.linalg.eigh(X64 @ X64.mT)
+        a, b, c = self.coefficients
+        phi = torch.ones_like(lam)
+        D_lam = torch.ones_like(Q)  # divided differences of λ⁽ᵏ⁾, of φ⁽ᵏ⁾
+        D_phi = torch.zeros_like(Q)
+        for _ in range(self.steps):
+            s = a + lam * (b + c * lam)
+            D_s = D_lam * (b + c * (lam[..., :, None] + lam[..., None, :]))
+            D_phi = D_s * phi[..., None, :] + s[..., :, None] * D_phi
+            phi = s * phi
+            u = s * lam
+            D_u = D_s * lam[..., None, :] + s[..., :, None] * D_lam
+            D_lam = D_s * u[..., None, :] + s[..., :, None] * D_u
+            lam = s * u
+        return SpectralNS(X0, norm, clamped, tall, Q.float(), phi.float(), D_phi.float())
+
+    def vjp(self, x: torch.Tensor | SpectralNS, v: torch.Tensor) -> torch.Tensor:
+        """(∂NS/∂x)ᵀ v at x, [..., m, n] → [..., m, n] float32: ``spectral_vjp`` on a CPU (or given a
+        ``SpectralNS``), ``reverse_vjp`` on an accelerator, where an eigendecomposition is slow next
+        to matrix products and synchronises the device."""
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+            return self.reverse_vjp(x, v)
+        return self.spectral_vjp(x, v)
+
+    def reverse_vjp(self, x: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
+        """(∂NS/∂x)ᵀ v by reverse mode through the direct iteration: about 50·d²n + 20·d³ multiply-adds."""
         with torch.enable_grad():
             x = x.detach().float().requires_grad_(True)
             return torch.autograd.grad(self(x), x, v.float())[0]
+
+    def spectral_vjp(self, x: torch.Tensor | SpectralNS, v: torch.Tensor) -> torch.Tensor:
+        """(∂NS/∂x)ᵀ v at x (or at the point of a ``SpectralNS``), [..., m, n] → [..., m, n] float32.
+
+        NS = L X₀ sends V back as X̄₀ = LV + 2 sym(Ā)X₀ with Ā the pull-back of L̄ = VX₀ᵀ through
+        L = φ(A₀): by Daleckii–Krein, sym(Ā) = Q(Φ ∘ sym(QᵀL̄Q))Qᵀ. With W = QᵀV and Z = QᵀX₀ that is
+        X̄₀ = Q(φ ⊙ W + 2(Φ ∘ sym(WZᵀ))Z), five d²n products; X₀ = x/r then sends X̄₀ back as
+        (X̄₀ − X₀⟨X₀, X̄₀⟩)/r (X̄₀/eps where r is clamped).
+        """
+        ns = x if isinstance(x, SpectralNS) else self.spectral(x)
+        V = (v.mT if ns.tall else v).float()
+        W, Z = ns.Q.mT @ V, ns.Q.mT @ ns.X0
+        M = W @ Z.mT
+        X_bar = ns.Q @ (ns.phi[..., :, None] * W + (ns.Phi * (M + M.mT)) @ Z)
+        radial = (ns.X0 * X_bar).sum((-2, -1), keepdim=True) * ~ns.clamped[..., None, None]
+        G = (X_bar - ns.X0 * radial) / ns.norm[..., None, None]
+        return G.mT if ns.tall else G
 
 
 class MuonMap:
@@ -227,7 +307,8 @@ class MuonMap:
     U(g) = μ²·buf + (1−μ²)·g with Nesterov (U = buf' without: μ·buf + (1−μ)·g), then moves
     θ by −lr_adj·NS(U) (decoupled decay apart, which does not depend on g). So
     J = −lr_adj·coef·∂NS/∂U with coef = 1 − μ² (Nesterov) or 1 − μ, and ``utility_vector`` is
-    lr_adj·coef·(∂NS/∂U)ᵀ ḡ averaged over the evaluation points ``points`` [M, L, m, n]:
+    lr_adj·coef·(∂NS/∂U)ᵀ ḡ averaged over the evaluation points ``points`` (M stacks [L, m, n], or
+    their ``SpectralNS``):
 
     - with the step's batch (``_muon_map`` given draws): U = U(0) + coef·ḡ_S for M draws ḡ_S of
       the batch's mean gradient, the momentum torch will orthogonalise on a batch like the
@@ -237,16 +318,17 @@ class MuonMap:
     At a layer's first step the momentum is zero (U = coef·ḡ_S, or coef·ḡ without draws: the
     update torch would take on the proxy gradient, since NS has no derivative at 0).
 
-    ``apply`` and ``token_factors`` are the frozen map the sketches use: the Newton–Schulz steps
-    X ← aX + (bA + cA²)X, A = XXᵀ, started at X₀ = ū/‖ū‖_F (ū = U(0), or coef·ḡ at the first
-    step) in the wide orientation, each multiply X on the left by a polynomial of X₀X₀ᵀ; their
-    product L is symmetric and NS(ū) = L X₀. Holding L fixed, coef·g maps to
-    lr_adj·coef/‖ū‖_F · L g (``scale`` [L] or a number, ``L`` [L, d, d]).
+    ``apply`` and ``token_factors`` are the frozen map the sketches use: Newton–Schulz at
+    ū = U(0) (coef·ḡ at the first step) is NS(ū) = L X₀ with X₀ = ū/‖ū‖_F wide and L symmetric
+    (``SpectralNS.L`` on a CPU, :func:`newton_schulz_left_factor` elsewhere). Holding L fixed, coef·g maps to lr_adj·coef/‖ū‖_F · L g (``scale`` [L] or a
+    number, ``L`` [L, d, d]).
     """
 
     exact_factors = True
 
-    def __init__(self, scale: Scale, L: torch.Tensor, tall: bool, points: torch.Tensor, step: Scale, ns: NewtonSchulz) -> None:
+    def __init__(
+        self, scale: Scale, L: torch.Tensor, tall: bool, points: Sequence[torch.Tensor | SpectralNS], step: Scale, ns: NewtonSchulz
+    ) -> None:
         self.scale, self.L, self.tall = scale, L, tall
         self.points, self.step, self.ns = points, step, ns
 
@@ -257,8 +339,8 @@ class MuonMap:
 
     def utility_vector(self, gbar: torch.Tensor) -> torch.Tensor:
         """lr_adj·coef·mean_U (∂NS/∂U)ᵀ ḡ over U in ``points``, [L, m, n] (one point at a time: the
-        iteration's intermediates are held for one, not M)."""
-        vjp = sum(self.ns.vjp(point, gbar) for point in self.points) / self.points.shape[0]
+        intermediates of one are held, not M)."""
+        vjp = sum(self.ns.vjp(point, gbar) for point in self.points) / len(self.points)
         return lead(self.step, gbar.ndim) * vjp
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -356,13 +438,16 @@ def _muon_map(
     momentum = [None if buf is None else carry * buf.float() for buf in bufs]  # the share U keeps as g → 0
     # the frozen map's reference: the momentum's share, or before the first step the proxy's update
     ref = torch.stack([coef * g.float() if m is None else m for g, m in zip(gbar, momentum)])
+    ns = NewtonSchulz(tuple(group["ns_coefficients"]), group["ns_steps"], group["eps"])
+    points: Sequence[torch.Tensor | SpectralNS]
+    if ref.device.type == "cpu":  # one eigendecomposition gives the left factor and the VJP
+        at_ref = ns.spectral(ref)
+        L, norm, tall, points = at_ref.L, at_ref.norm, at_ref.tall, [at_ref]
+    else:  # accelerators stay in matrix products (NewtonSchulz.vjp)
+        (L, norm, tall), points = newton_schulz_left_factor(ref, ns.coefficients, ns.steps, ns.eps), ref[None]
     if step is not None and batch_rows:
         kept = torch.stack([torch.zeros_like(g, dtype=torch.float32) if m is None else m for g, m in zip(gbar, momentum)])
         points = step.mean_gradients(batch_rows, draws).float().mul_(coef).add_(kept)
-    else:
-        points = ref[None]
-    ns = NewtonSchulz(tuple(group["ns_coefficients"]), group["ns_steps"], group["eps"])
-    L, norm, tall = newton_schulz_left_factor(ref, ns.coefficients, ns.steps, ns.eps)
     lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
     return MuonMap(lr * coef / norm, L, tall, points, lr * coef, ns)
 
