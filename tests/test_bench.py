@@ -137,7 +137,7 @@ def test_crossing_interpolates_and_paired_test() -> None:
     assert mean == pytest.approx(-0.10333, abs=1e-4) and std > 0 and p < 0.01
 
 
-@pytest.mark.parametrize("block", ["default-adamw", "packages-adamw", "cpu-tiny-muon"])
+@pytest.mark.parametrize("block", ["default-adamw", "packages-adamw", "default-muon", "cpu-tiny-muon"])
 def test_readme_headline_is_generated_from_the_committed_results(block: str) -> None:
     from bench.headline import ROOT_README, headline, rewrite
 
