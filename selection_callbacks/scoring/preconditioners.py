@@ -189,6 +189,15 @@ class DiagonalMap:
         return lead(self.C, 2) * r, c
 
 
+def wide_unit(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, bool]:
+    """(X₀, r, tall): x [..., m, n] in float32 in the wide orientation (xᵀ where m > n), divided by
+    r = max(‖x‖_F, eps) [...], as Newton–Schulz starts (no device sync)."""
+    tall = x.shape[-2] > x.shape[-1]
+    X = (x.mT if tall else x).float()
+    norm = torch.linalg.matrix_norm(X).clamp(min=eps)
+    return X / norm[..., None, None], norm, tall
+
+
 @dataclass(frozen=True)
 class SpectralNS:
     """Newton–Schulz at one point, in the eigenbasis of the point's Gram matrix.
@@ -233,9 +242,7 @@ class NewtonSchulz:
     eps: float
 
     def __call__(self, x: torch.Tensor) -> torch.Tensor:
-        tall = x.shape[-2] > x.shape[-1]
-        X = (x.mT if tall else x).float()
-        X = X / torch.linalg.matrix_norm(X).clamp(min=self.eps)[..., None, None]
+        X, _, tall = wide_unit(x, self.eps)
         a, b, c = self.coefficients
         for _ in range(self.steps):
             A = X @ X.mT
@@ -245,12 +252,8 @@ class NewtonSchulz:
     def spectral(self, x: torch.Tensor) -> SpectralNS:
         """NS at x [..., m, n] in the eigenbasis of its Gram matrix: d²n multiply-adds for X₀X₀ᵀ, one
         float64 eigendecomposition of d×d, and O(d²) a step."""
-        tall = x.shape[-2] > x.shape[-1]
-        X = (x.mT if tall else x).float()
-        norm = torch.linalg.matrix_norm(X)  # no device sync
-        clamped = norm < self.eps
-        norm = norm.clamp(min=self.eps)
-        X0 = X / norm[..., None, None]
+        X0, norm, tall = wide_unit(x, self.eps)
+        clamped = norm <= self.eps
         X64 = X0.double()
         lam, Q = torch.linalg.eigh(X64 @ X64.mT)
         a, b, c = self.coefficients
@@ -320,8 +323,8 @@ class MuonMap:
 
     ``apply`` and ``token_factors`` are the frozen map the sketches use: Newton–Schulz at
     ū = U(0) (coef·ḡ at the first step) is NS(ū) = L X₀ with X₀ = ū/‖ū‖_F wide and L symmetric
-    (``SpectralNS.L`` on a CPU, :func:`newton_schulz_left_factor` elsewhere). Holding L fixed, coef·g maps to lr_adj·coef/‖ū‖_F · L g (``scale`` [L] or a
-    number, ``L`` [L, d, d]).
+    (``SpectralNS.L`` on a CPU, :func:`newton_schulz_left_factor` elsewhere). Holding L fixed,
+    coef·g maps to lr_adj·coef/‖ū‖_F · L g (``scale`` [L] or a number, ``L`` [L, d, d]).
     """
 
     exact_factors = True
@@ -360,11 +363,7 @@ def newton_schulz_left_factor(
     gives L ← S L, A ← S² A_k: four d×d products a step instead of two d×n ones and two d×d.
     """
     single = u.ndim == 2
-    u = u[None] if single else u
-    tall = u.shape[1] > u.shape[2]
-    x = (u.mT if tall else u).float()
-    norm = x.flatten(1).norm(dim=1).clamp(min=eps)  # no device sync
-    x = x / norm[:, None, None]
+    x, norm, tall = wide_unit(u[None] if single else u, eps)
     a, b, c = coefficients
     eye = torch.eye(x.shape[1], device=x.device, dtype=x.dtype).expand(x.shape[0], -1, -1)
     a_eye = a * eye
