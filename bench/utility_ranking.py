@@ -23,7 +23,10 @@ K rows) are scored against the effects by Spearman's ρ and by the top-K overlap
 |top-16 by utility ∩ top-16 by effect| (8 expected at random). AdamW: ``frozen`` (the default: the
 derivative at torch's v) and ``proxy_in_v`` (ḡ_proxy² in v). Muon: ``momentum`` (the default: the
 Newton–Schulz derivative at the momentum), ``batch`` (at μ²·buf + (1 − μ²)·ḡ_S averaged over 8 drawn
-K-row batches S) and ``frozen_ns`` (the old self-adjoint map, Newton–Schulz frozen at the momentum);
+K-row batches S), ``batch_2`` and ``batch_1`` (the same over 2 draws and 1: a quarter and an eighth of
+its vector–Jacobian products), ``candidate_mean`` (at μ²·buf + (1 − μ²)·ḡ_C with ḡ_C the mean gradient
+of all N candidates: one product, as the momentum point) and ``frozen_ns`` (the old self-adjoint map,
+Newton–Schulz frozen at the momentum);
 ``at_base_batch`` is the derivative at the point the reference step really orthogonalises
 (μ²·buf + (1 − μ²)·K/(K+1)·ḡ_B), which needs the base batch no scorer sees: the ceiling of any
 evaluation point.
@@ -68,7 +71,8 @@ CFG = GPTConfig(vocab_size=320, block_size=T, n_layer=1, n_head=2, n_embd=32)
 K, N_CAND, N_PROXY, TRAIN_BATCH = 16, 32, 8, 8
 LR, WD, BETA1, BETA2, MUON_LR, MUON_MU = 3e-3, 0.1, 0.9, 0.95, 0.02, 0.95
 NS = NewtonSchulz((torch_muon.DEFAULT_A, torch_muon.DEFAULT_B, torch_muon.DEFAULT_C), torch_muon.DEFAULT_NS_STEPS, torch_muon.EPS)
-VARIANTS = {"adamw": ("frozen", "proxy_in_v"), "muon": ("momentum", "batch", "frozen_ns", "at_base_batch")}
+VARIANTS = {"adamw": ("frozen", "proxy_in_v"),
+            "muon": ("momentum", "batch", "batch_2", "batch_1", "candidate_mean", "frozen_ns", "at_base_batch")}
 
 Resolver = Callable[..., object]
 
@@ -240,7 +244,10 @@ def resolvers(opt: torch.optim.Optimizer, name: str) -> dict[str, Resolver]:
         return {"frozen": OPUSSelection().preconditioner(trainer, K),
                 "proxy_in_v": OPUSSelection(adamw_map="proxy_in_v").preconditioner(trainer, K)}
     return {"momentum": OPUSSelection().preconditioner(trainer, K),
-            "batch": OPUSSelection(muon_point="batch").preconditioner(trainer, K), "frozen_ns": FrozenMaps(opt)}
+            "batch": OPUSSelection(muon_point="batch").preconditioner(trainer, K),
+            "batch_2": OPUSSelection(muon_point="batch", muon_draws=2).preconditioner(trainer, K),
+            "batch_1": OPUSSelection(muon_point="batch", muon_draws=1).preconditioner(trainer, K),
+            "candidate_mean": OptimizerPreconditioner(opt, muon_batch=N_CAND, muon_draws=1), "frozen_ns": FrozenMaps(opt)}
 
 
 def top_overlap(utility: np.ndarray, effect: np.ndarray, k: int = K) -> int:
