@@ -247,7 +247,8 @@ def resolvers(opt: torch.optim.Optimizer, name: str) -> dict[str, Resolver]:
             "batch": OPUSSelection(muon_point="batch").preconditioner(trainer, K),
             "batch_2": OPUSSelection(muon_point="batch", muon_draws=2).preconditioner(trainer, K),
             "batch_1": OPUSSelection(muon_point="batch", muon_draws=1).preconditioner(trainer, K),
-            "candidate_mean": OptimizerPreconditioner(opt, muon_batch=N_CAND, muon_draws=1), "frozen_ns": FrozenMaps(opt)}
+            "candidate_mean": OPUSSelection(muon_point="batch", muon_draws=1).preconditioner(trainer, N_CAND),
+            "frozen_ns": FrozenMaps(opt)}
 
 
 def top_overlap(utility: np.ndarray, effect: np.ndarray, k: int = K) -> int:
