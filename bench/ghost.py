@@ -14,7 +14,8 @@ With ``--maps`` the engine is also timed with AdamW's sketch through the rank-1 
 layer (``engine_factored``, the engine's sketch before it formed P G_i of AdamW layers), with its other
 utility maps: ``engine_adamw_proxy_in_v``
 (AdamW with ḡ² in v), and on a Muon + AdamW optimizer ``engine_muon`` (Newton–Schulz VJPs at 8
-draws of a K = N/2 row batch), ``engine_muon_momentum`` (one VJP at the momentum) and
+draws of a K = N/2 row batch), ``engine_muon_mirrored`` (two VJPs: one drawn batch and its mirror image
+about the candidates' mean), ``engine_muon_momentum`` (one VJP at the momentum) and
 ``engine_muon_frozen`` (utilities through the frozen Newton–Schulz map, the maps before the VJP).
 On CPU, memory is the peak RSS increase of the first call over the state right before it (the
 kernel's high-water mark reset through /proc/self/clear_refs; glibc's mmap threshold fixed so
@@ -119,6 +120,8 @@ MAP_VARIANTS = {
     "engine_factored": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt), factor_tolerance=float("inf")),
     "engine_adamw_proxy_in_v": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, "proxy_in_v")),
     "engine_muon": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2)),
+    "engine_muon_mirrored": prepare_engine_with(
+        lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2, muon_draws=2, muon_mirrored=True)),
     "engine_muon_momentum": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt)),
     "engine_muon_frozen": prepare_engine_with(lambda opt, args: FrozenUtilities(opt)),
 }

@@ -27,7 +27,7 @@ from bench.utility_ranking import (
 )
 from selection_callbacks.methods import OPUSSelection
 from selection_callbacks.nn.gpt import GPT
-from selection_callbacks.scoring.ghost import GhostEngine
+from selection_callbacks.scoring.ghost import CandidateDraws, GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.preconditioners import TENSOR_FLOOR, OptimizerPreconditioner
 
@@ -39,10 +39,11 @@ BF16_STEP = 0.1
 
 def spearman_against_real_step(model, opt, name: str, gen: torch.Generator) -> tuple[dict[str, float], float]:
     """(Spearman against the real step's effects of OPUS's utilities with Muon's derivative at the momentum (the
-    default), at the batch point, and of the frozen maps; relative error of the float64 Muon step against
-    torch's own)."""
+    default), at one drawn batch and its mirror image, at 8 independent draws, and of the frozen maps; relative
+    error of the float64 Muon step against torch's own)."""
     trainer = SimpleNamespace(optimizers=[opt], accumulate_grad_batches=1)
     variants = {"momentum": OPUSSelection().preconditioner(trainer, K),
+                "mirrored": OPUSSelection(muon_point="batch", muon_draws=2, muon_mirrored=True).preconditioner(trainer, K),
                 "batch": OPUSSelection(muon_point="batch").preconditioner(trainer, K), "frozen": FrozenMaps(opt)}
     got = probe(model, opt, name, variants, gen)
     return {k: float(spearmanr(u, got.effect).statistic) for k, u in got.utilities.items()}, got.bf16_error
@@ -66,8 +67,9 @@ def test_utilities_rank_like_the_real_step(name: str) -> None:
     for step in STEPS:
         medians = {k: statistics.median(r[k] for r in rho[step]) for k in rho[step][0]}
         print(f"{name} step {step}: median Spearman", {k: round(v, 3) for k, v in medians.items()})
-        # the batch point; the default momentum point ranks at 0.870 at step 300 under Muon (seeds 0–2)
-        assert medians["batch"] >= 0.9, (step, rho[step])  # AdamW's map is the same at both Muon points
+        # the batch points; the default momentum point ranks at 0.870 at step 300 under Muon (seeds 0–2)
+        for point in ("mirrored", "batch"):  # AdamW's map is the same at every Muon point
+            assert medians[point] >= 0.9, (step, point, rho[step])
 
 
 def trained(name: str, steps: int) -> tuple[GPT, torch.optim.Optimizer, torch.Generator]:
@@ -155,29 +157,56 @@ def test_unknown_adamw_map_is_refused() -> None:
         OptimizerPreconditioner(make_optimizer(GPT(CFG), "adamw"), "exact")
 
 
-@pytest.mark.parametrize("stack", [False, True])
-def test_muon_batch_point_utilities_match_brute_force(stack: bool) -> None:
+@pytest.mark.parametrize("stack,mirrored", [(False, False), (True, False), (False, True), (True, True)])
+def test_muon_batch_point_utilities_match_brute_force(stack: bool, mirrored: bool) -> None:
     """The engine's Muon utilities at the batch point: the VJPs at μ²·buf + (1 − μ²)·ḡ_S for the same drawn
-    candidate rows S in every layer, from explicit per-sample gradients."""
+    candidate rows S in every layer (mirrored: each ḡ_S followed by 2ḡ_C − ḡ_S, ḡ_C the mean of all
+    candidates), from explicit per-sample gradients."""
     model, opt, gen = trained("muon", 3)
-    n, rows, draws, seed = 6, 4, 3, 5
+    n, rows, draws, seed = 6, 4, 4 if mirrored else 3, 5
     batch = cat(windows(POOL, n, gen), windows(TARGET, N_PROXY, gen))
     engine = GhostEngine(model, stack_layers=stack)
-    got = engine.score(row_losses(model), batch, n, OptimizerPreconditioner(opt, muon_batch=rows, muon_draws=draws), seed)
+    resolve = OptimizerPreconditioner(opt, muon_batch=rows, muon_draws=draws, muon_mirrored=mirrored)
+    got = engine.score(row_losses(model), batch, n, resolve, seed)
     G = per_sample_grads(model, batch)
     draw = torch.Generator().manual_seed(seed)
-    subsets = [torch.randperm(n, generator=draw)[:rows] for _ in range(draws)]
+    subsets = [torch.randperm(n, generator=draw)[:rows] for _ in range(draws // 2 if mirrored else draws)]
     coef = 1 - MUON_MU**2
     for name, p in model.named_parameters():
         layer = name.removesuffix(".weight")
         if layer not in got.layer_utilities:
             continue
-        points = torch.stack([MUON_MU**2 * opt.state[p]["momentum_buffer"] + coef * G[name][S].mean(0) for S in subsets])
+        means = [G[name][S].mean(0) for S in subsets]
+        if mirrored:
+            means = [m for g in means for m in (g, 2 * G[name][:n].mean(0) - g)]
+        points = torch.stack([MUON_MU**2 * opt.state[p]["momentum_buffer"] + coef * g for g in means])
         gbar = G[name][n:].mean(0)
         q = _adjust_lr(MUON_LR, None, p.shape) * coef * NS.vjp(points, gbar.expand_as(points)).mean(0)
         want = (G[name][:n] * q).flatten(1).sum(1)
         torch.testing.assert_close(got.layer_utilities[layer], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
 
+
+def test_mirrored_draws_pair_about_the_candidates_mean() -> None:
+    """Each mirrored pair averages to the mean of all candidates; at half the candidates the mirror image is
+    the complement's mean gradient."""
+    gen = torch.Generator().manual_seed(0)
+    B, A = torch.randn(2, 8, 3, 5, generator=gen), torch.randn(2, 8, 3, 4, generator=gen)
+    draws = CandidateDraws(B, A, seed=1)
+    got = draws.mean_gradients(4, 6, mirrored=True)
+    mean = torch.einsum("lntd,lnte->lde", B, A) / 8
+    torch.testing.assert_close((got[0::2] + got[1::2]) / 2, mean.expand(3, -1, -1, -1))
+    torch.testing.assert_close(got[0::2], draws.mean_gradients(4, 3))  # the drawn halves are the independent draws
+    first = torch.randperm(8, generator=torch.Generator().manual_seed(1))
+    rest = first[4:]
+    torch.testing.assert_close(got[1], torch.einsum("lntd,lnte->lde", B[:, rest], A[:, rest]) / 4)
+
+
+def test_odd_mirrored_draws_are_refused() -> None:
+    opt = make_optimizer(GPT(CFG), "muon")
+    with pytest.raises(ValueError, match="muon_draws must be even"):
+        OptimizerPreconditioner(opt, muon_batch=4, muon_draws=3, muon_mirrored=True)
+    with pytest.raises(ValueError, match="muon_draws must be even"):
+        OPUSSelection(muon_point="batch", muon_draws=1, muon_mirrored=True)
 
 
 def test_base_batch_reference_differentiates_at_the_point_the_step_orthogonalises() -> None:

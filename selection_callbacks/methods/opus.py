@@ -46,13 +46,18 @@ class OPUSSelection(GhostSelection):
         muon_point: where Muon's Newton–Schulz derivative is evaluated: ``"momentum"`` (the momentum
             torch's step will orthogonalise, the fresh gradient's share → 0: one vector–Jacobian product
             per matrix) or ``"batch"`` (the momentum plus the share of a batch of K × accumulation rows
-            drawn from the candidates, averaged over ``muon_draws`` draws; before the first step the
+            drawn from the candidates, averaged over ``muon_draws`` points; before the first step the
             drawn batches alone set the point). Against the real step's marginal effects on a tiny GPT,
-            median Spearman over 9 held-out seeds at steps 5 / 50 / 300: momentum 0.92 / 0.81 / 0.92,
-            batch 0.93 / 0.92 / 0.91 (bench/results/ghost/utility-ranking-muon-heldout.md); on CPU
-            (bench.ghost's 6 × 384 GPT, N = 64, T = 16) the batch point's utilities cost 4.9× the
-            momentum point's (bench/results/ghost/README.md).
-        muon_draws: batches drawn for ``muon_point="batch"`` (one vector–Jacobian product each per matrix).
+            median Spearman over 12 seeds at steps 5 / 50 / 300 (bench/results/ghost/utility-ranking-muon-mirrored.md):
+            momentum 0.915 / 0.845 / 0.876, batch with 8 independent draws 0.927 / 0.889 / 0.925,
+            batch with one mirrored pair 0.929 / 0.910 / 0.912, with four pairs 0.928 / 0.919 / 0.921.
+            The batch point draws from the candidates this rank scores in one pass (the first chunk
+            under ``candidate_chunk``), so its selections depend on the DDP world size and the chunking;
+            the momentum point's do not.
+        muon_draws: evaluation points for ``muon_point="batch"`` (one vector–Jacobian product each per matrix).
+        muon_mirrored: the points as ``muon_draws``/2 drawn batches ḡ_S and their mirror images 2ḡ_C − ḡ_S
+            about the candidates' mean ḡ_C (antithetic pairs: the derivative's terms odd in the batch's
+            noise cancel), or ``muon_draws`` independent draws.
         **kwargs: :class:`GhostSelection` arguments (``score_len``, ``sketch_dim``,
             ``proxy_batch_size``, ``proxy``, ``include_embedding``, ``seed``, ...).
     """
@@ -65,24 +70,27 @@ class OPUSSelection(GhostSelection):
         adamw_map: AdamWMap = "frozen",
         muon_point: Literal["batch", "momentum"] = "momentum",
         muon_draws: int = 8,
+        muon_mirrored: bool = False,
         **kwargs: Any,
     ) -> None:
         if adamw_map not in ("frozen", "proxy_in_v"):
             raise ValueError(f"unknown adamw_map {adamw_map!r}; choose 'frozen' or 'proxy_in_v'")
         if muon_point not in ("batch", "momentum") or muon_draws < 1:
             raise ValueError(f"muon_point must be 'batch' or 'momentum' and muon_draws ≥ 1, got {muon_point!r}, {muon_draws}")
+        if muon_mirrored and muon_draws % 2:
+            raise ValueError(f"mirrored Muon points come in pairs: muon_draws must be even, got {muon_draws}")
         if redundancy_weight < 0:
             raise ValueError(f"redundancy_weight must be ≥ 0, got {redundancy_weight}")
         if redundancy_weight == 0:  # nothing would read the sketches
             kwargs["sketch_dim"] = 0
         super().__init__(ratio=ratio, temperature=temperature, **kwargs)
         self.redundancy_weight, self.adamw_map = redundancy_weight, adamw_map
-        self.muon_point, self.muon_draws = muon_point, muon_draws
+        self.muon_point, self.muon_draws, self.muon_mirrored = muon_point, muon_draws, muon_mirrored
 
     @override
     def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
         batch = k * trainer.accumulate_grad_batches if self.muon_point == "batch" else None
-        return OptimizerPreconditioner(trainer.optimizers[0], self.adamw_map, batch, self.muon_draws)
+        return OptimizerPreconditioner(trainer.optimizers[0], self.adamw_map, batch, self.muon_draws, self.muon_mirrored)
 
     @override
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:

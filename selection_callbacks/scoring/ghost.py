@@ -599,16 +599,20 @@ class CandidateDraws:
     def __init__(self, B: torch.Tensor, A: torch.Tensor, seed: int) -> None:
         self.B, self.A, self.seed = B, A, seed
 
-    def mean_gradients(self, rows: int, draws: int) -> torch.Tensor:
-        """[draws, L, d_out, d_in]: Σ_{r∈S} Σ_t b aᵀ / rows for ``draws`` random row sets S."""
+    def mean_gradients(self, rows: int, draws: int, mirrored: bool = False) -> torch.Tensor:
+        """[draws, L, d_out, d_in]: Σ_{r∈S} Σ_t b aᵀ / rows for ``draws`` random row sets S; mirrored,
+        draws/2 of them each followed by 2ḡ_C − ḡ_S, ḡ_C the mean over all n candidates."""
         n = self.B.shape[1]
         gen = torch.Generator().manual_seed(self.seed)
+        mean = self.B.flatten(1, 2).mT @ self.A.flatten(1, 2) / n if mirrored else None
         out = []
-        for _ in range(draws):
+        for _ in range(draws // 2 if mirrored else draws):
             rows_s = torch.randperm(n, generator=gen)[:rows] if rows <= n else torch.randint(n, (rows,), generator=gen)
             rows_s = rows_s.to(self.B.device)
-            out.append(self.B[:, rows_s].flatten(1, 2).mT @ self.A[:, rows_s].flatten(1, 2))
-        return torch.stack(out).div_(rows)
+            out.append(self.B[:, rows_s].flatten(1, 2).mT @ self.A[:, rows_s].flatten(1, 2) / rows)
+            if mean is not None:
+                out.append(2 * mean - out[-1])
+        return torch.stack(out)
 
 
 @dataclass

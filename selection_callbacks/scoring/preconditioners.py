@@ -52,9 +52,11 @@ class Preconditioner(Protocol):
 class StepDraws(Protocol):
     """Draws of the mean gradient of the batch the next step will average, from the scored candidates."""
 
-    def mean_gradients(self, rows: int, draws: int) -> torch.Tensor:
+    def mean_gradients(self, rows: int, draws: int, mirrored: bool = False) -> torch.Tensor:
         """[draws, L, *shape]: each the mean gradient of ``rows`` candidate rows drawn at random, the same rows
-        in every layer of one scoring call (without replacement while ``rows`` ≤ the candidates)."""
+        in every layer of one scoring call (without replacement while ``rows`` ≤ the candidates). Mirrored
+        (``draws`` even): draws/2 such means ḡ_S, each followed by its mirror image 2ḡ_C − ḡ_S about the
+        mean ḡ_C of all candidates (the complement's mean where rows is half the candidates)."""
         ...
 
 
@@ -316,6 +318,8 @@ class MuonMap:
     - with the step's batch (``_muon_map`` given draws): U = U(0) + coef·ḡ_S for M draws ḡ_S of
       the batch's mean gradient, the momentum torch will orthogonalise on a batch like the
       candidates (NS is steep along small singular values, so the batch's own share moves J);
+      mirrored, the draws come in antithetic pairs ḡ_C ± δ_S about the candidates' mean ḡ_C, so
+      the terms of J odd in the batch's noise δ cancel within each pair;
     - without: U(0) = μ²·buf (μ·buf), the fresh gradient's share taken to zero (M = 1).
 
     At a layer's first step the momentum is zero (U = coef·ḡ_S, or coef·ḡ without draws: the
@@ -429,6 +433,7 @@ def _muon_map(
     step: StepDraws | None = None,
     batch_rows: int | None = None,
     draws: int = 8,
+    mirrored: bool = False,
 ) -> MuonMap:
     mu, nesterov = group["momentum"], group["nesterov"]
     bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
@@ -446,7 +451,7 @@ def _muon_map(
         (L, norm, tall), points = newton_schulz_left_factor(ref, ns.coefficients, ns.steps, ns.eps), ref[None]
     if step is not None and batch_rows:
         kept = torch.stack([torch.zeros_like(g, dtype=torch.float32) if m is None else m for g, m in zip(gbar, momentum)])
-        points = step.mean_gradients(batch_rows, draws).float().mul_(coef).add_(kept)
+        points = step.mean_gradients(batch_rows, draws, mirrored).float().mul_(coef).add_(kept)
     lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
     return MuonMap(lr * coef / norm, L, tall, points, lr * coef, ns)
 
@@ -490,14 +495,23 @@ class OptimizerPreconditioner:
         muon_batch: rows the next step averages (K × accumulation): Muon's derivative is evaluated at
             the momentum plus ``muon_draws`` draws of such a batch from the candidates (None: at the
             momentum alone); see :class:`MuonMap`.
-        muon_draws: M, the batches drawn (M vector–Jacobian products per Muon matrix).
+        muon_draws: M, the evaluation points (M vector–Jacobian products per Muon matrix).
+        muon_mirrored: the points as M/2 drawn batches and their mirror images about the candidates'
+            mean (M even; see :class:`StepDraws`), or M independent draws.
     """
 
     def __init__(
-        self, optimizer: torch.optim.Optimizer, adamw_map: AdamWMap = "frozen", muon_batch: int | None = None, muon_draws: int = 8
+        self,
+        optimizer: torch.optim.Optimizer,
+        adamw_map: AdamWMap = "frozen",
+        muon_batch: int | None = None,
+        muon_draws: int = 8,
+        muon_mirrored: bool = False,
     ) -> None:
         if (muon_batch is not None and muon_batch < 1) or muon_draws < 1:
             raise ValueError(f"muon_batch must be ≥ 1 or None and muon_draws ≥ 1, got {muon_batch} and {muon_draws}")
+        if muon_mirrored and muon_draws % 2:
+            raise ValueError(f"mirrored Muon points come in pairs (a drawn batch and its mirror image): muon_draws must be even, got {muon_draws}")
         if adamw_map not in ("frozen", "proxy_in_v"):
             raise ValueError(f"unknown adamw_map {adamw_map!r}; choose 'frozen' or 'proxy_in_v'")
         inner = optimizer.optimizers if isinstance(optimizer, MuonWithAdamW) else (optimizer,)
@@ -505,7 +519,7 @@ class OptimizerPreconditioner:
             if type(opt) not in _MAPS:
                 raise TypeError(f"no ghost preconditioner for {type(opt).__name__}; supported: {SUPPORTED}")
         self._maps = {**_MAPS, torch.optim.AdamW: partial(_adamw_map, variant=adamw_map),
-                      torch.optim.Muon: partial(_muon_map, batch_rows=muon_batch, draws=muon_draws)}
+                      torch.optim.Muon: partial(_muon_map, batch_rows=muon_batch, draws=muon_draws, mirrored=muon_mirrored)}
         self._where: dict[int, tuple[torch.optim.Optimizer, dict]] = {
             id(p): (opt, g) for opt in inner for g in opt.param_groups for p in g["params"]
         }
