@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import statistics
+import warnings
 
 import lightning as L
 import numpy as np
@@ -170,6 +171,17 @@ def test_opus_candidate_chunks_keep_the_selections(tiny_corpus) -> None:
     assert chunked.engine.candidate_chunk == 3
     torch.testing.assert_close(chunked.last_scores, one.last_scores, rtol=1e-4, atol=1e-6)
     assert chunked.last_selected.tolist() == one.last_selected.tolist()
+
+
+def test_opus_batch_point_warns_that_chunks_move_its_draws(tiny_corpus) -> None:
+    """The batch point draws from the first pass's candidates: with candidate chunks it says so at fit start;
+    the momentum point stays silent."""
+    with pytest.warns(UserWarning, match="candidate_chunk=3"):
+        _fit(tiny_corpus, OPUSSelection(score_len=16, sketch_dim=0, candidate_chunk=3, muon_point="batch", muon_draws=2), steps=1, optimizer="muon")
+    with warnings.catch_warnings(record=True) as caught:
+        warnings.simplefilter("always")
+        _fit(tiny_corpus, OPUSSelection(score_len=16, sketch_dim=0, candidate_chunk=3), steps=1, optimizer="muon")
+    assert not [w for w in caught if "muon_point='batch'" in str(w.message)]
 
 
 def test_opus_without_redundancy_builds_no_sketches(tiny_corpus) -> None:

@@ -6,6 +6,7 @@ from typing import Any, Literal
 
 import lightning as L
 import torch
+from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from selection_callbacks.core.selection import Scores
@@ -100,6 +101,12 @@ class OPUSSelection(GhostSelection):
                 OptimizerPreconditioner(trainer.optimizers[0])
         except TypeError as e:
             problems.append(f"{e}: OPUS preconditions by the optimizer's own step")
+        if self.muon_point == "batch" and (trainer.world_size > 1 or self.candidate_chunk):
+            rank_zero_warn(
+                f"OPUSSelection(muon_point='batch') draws Muon's evaluation batches from the candidates of one rank's "
+                f"first pass (world size {trainer.world_size}, candidate_chunk={self.candidate_chunk}), so its selections "
+                "differ from a single-process, unchunked run; muon_point='momentum' does not depend on either"
+            )
         return problems
 
     @override
