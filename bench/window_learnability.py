@@ -25,7 +25,7 @@ from pathlib import Path
 
 import numpy as np
 import torch
-from jsonargparse import ArgumentParser
+from jsonargparse import ArgumentParser, Namespace
 
 from selection_callbacks.core.pass_counts import CostMeter
 from selection_callbacks.core.rank_correlation import spearman
@@ -65,7 +65,16 @@ def main(argv: list[str] | None = None) -> dict:
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("--out", required=True, help="path prefix of the .json and .md")
     a = p.parse_args(argv)
-    torch.set_num_threads(1)
+    previous = torch.get_num_threads()
+    torch.set_num_threads(1)  # the process's setting is restored for in-process callers (tests)
+    try:
+        return measure(a, argv)
+    finally:
+        torch.set_num_threads(previous)
+
+
+def measure(a: Namespace, argv: list[str] | None) -> dict:
+    """The measurement of ``main``'s arguments ``argv`` parsed as ``a``: writes ``a.out``.json and .md, returns the result."""
     steps, windows = [int(s) for s in a.steps.split(",")], [int(w) for w in a.windows.split(",")]
     dm = PoolDataModule(a.pool, a.target, a.val, seq_len=128, batch_size=16, ratio=0.5, seed=a.seed, progress=False)
     dm.setup("fit")

@@ -7,6 +7,7 @@ from pathlib import Path
 
 import numpy as np
 import pytest
+import torch
 import yaml
 
 from bench import compare as bench_compare
@@ -430,9 +431,11 @@ def test_report_lists_score_diagnostics_per_seed() -> None:
 def test_window_learnability_of_the_whole_sequence_is_the_full_ranking(tiny_corpus, tmp_path) -> None:
     from bench import window_learnability
 
+    threads = torch.get_num_threads()
     result = window_learnability.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val",
                                        tiny_corpus["val"], "--steps", "2", "--windows", "128,16", "--superbatches", "3",
                                        "--reference-steps", "2", "--out", str(tmp_path / "wl")])
+    assert torch.get_num_threads() == threads  # measured at one thread, the caller's setting given back
     whole, window = result["rows"]
     assert (whole["window"], whole["median_spearman"], whole["mean_top_k_overlap"]) == (128, pytest.approx(1.0), 1.0)
     assert window["window"] == 16 and -1 <= window["median_spearman"] <= 1 and window["forward_cost"] == 0.125

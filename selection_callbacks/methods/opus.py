@@ -49,9 +49,10 @@ class OPUSSelection(GhostSelection):
             per matrix) or ``"batch"`` (the momentum plus the share of a batch of K × accumulation rows
             drawn from the candidates, averaged over ``muon_draws`` points; before the first step the
             drawn batches alone set the point). Against the real step's marginal effects on a tiny GPT,
-            median Spearman over 12 seeds at steps 5 / 50 / 300 (bench/results/ghost/utility-ranking-muon-mirrored.md):
-            momentum 0.915 / 0.845 / 0.876, batch with 8 independent draws 0.927 / 0.889 / 0.925,
-            batch with one mirrored pair 0.929 / 0.910 / 0.912, with four pairs 0.928 / 0.919 / 0.921.
+            median Spearman over 24 states (12 seeds at 2 and at 1 thread) at steps 5 / 50 / 300
+            (bench/results/ghost/README.md): momentum 0.915 / 0.844 / 0.875, batch with 8 independent
+            draws 0.927 / 0.889 / 0.909, with one mirrored pair 0.929 / 0.907 / 0.882, with four pairs
+            0.928 / 0.919 / 0.909.
             The batch point draws from the candidates this rank scores in one pass (the first chunk
             under ``candidate_chunk``), so its selections depend on the DDP world size and the chunking;
             the momentum point's do not.
