@@ -102,13 +102,17 @@ class OPUSSelection(GhostSelection):
                 OptimizerPreconditioner(trainer.optimizers[0])
         except TypeError as e:
             problems.append(f"{e}: OPUS preconditions by the optimizer's own step")
+        return problems
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
         if self.muon_point == "batch" and (trainer.world_size > 1 or self.candidate_chunk):
             rank_zero_warn(
                 f"OPUSSelection(muon_point='batch') draws Muon's evaluation batches from the candidates of one rank's "
                 f"first pass (world size {trainer.world_size}, candidate_chunk={self.candidate_chunk}), so its selections "
                 "differ from a single-process, unchunked run; muon_point='momentum' does not depend on either"
             )
-        return problems
 
     @override
     def calibrate(self, scores: Scores, k: int) -> Scores:
