@@ -14,6 +14,7 @@ from __future__ import annotations
 
 import json
 import statistics
+from decimal import Decimal, localcontext
 from types import SimpleNamespace
 
 import pytest
@@ -107,14 +108,17 @@ def test_newton_schulz_copy_reproduces_torch_muon_step() -> None:
         assert relative(NS(u[None])[0].double(), ns64(u, NS.coefficients, NS.steps, NS.eps)) < 1e-5
 
 
-@pytest.mark.parametrize("shape,rank", [((2, 16, 48), None), ((2, 48, 16), None), ((1, 24, 24), None), ((1, 40, 64), 3)])
+@pytest.mark.parametrize("shape,rank", [((2, 16, 48), None), ((2, 48, 16), None), ((1, 24, 24), None), ((1, 40, 64), 3),
+                                        ((1, 24, 40), "clustered")])
 def test_newton_schulz_vjp_matches_float64_autograd_and_finite_differences(shape, rank) -> None:
     """Both VJPs against reverse mode through the direct iteration in float64 and against finite
-    differences, full rank and at a rank-3 point (a momentum of a few steps: most eigenvalues of its
-    Gram matrix are zero)."""
+    differences: full rank, at a rank-3 point (a momentum of a few steps: most eigenvalues of its
+    Gram matrix are zero) and at a point whose eigenvalues come in tight clusters (``clustered_point``)."""
     gen = torch.Generator().manual_seed(0)
     x, v, h = (torch.randn(*shape, generator=gen, dtype=torch.float64) for _ in range(3))
-    if rank:
+    if rank == "clustered":
+        x = clustered_point(shape[1], shape[2], gen)
+    elif rank:
         x = torch.randn(*shape[:-1], rank, generator=gen, dtype=torch.float64) @ torch.randn(rank, shape[-1], generator=gen, dtype=torch.float64)
     x64 = x.clone().requires_grad_(True)
     want = torch.autograd.grad(ns64(x64, NS.coefficients, NS.steps, NS.eps), x64, v)[0]
@@ -126,6 +130,48 @@ def test_newton_schulz_vjp_matches_float64_autograd_and_finite_differences(shape
         assert got.dtype == torch.float32
         assert relative(got.double(), want) < 1e-4
         assert float((got.double() * h).sum()) == pytest.approx(float(fd), rel=1e-4)
+
+
+def clustered_point(d: int, n: int, gen: torch.Generator) -> torch.Tensor:
+    """[1, d, n] whose Gram matrix has its eigenvalues in clusters of four, with gaps of 0, 1e-12, 1e-9 and
+    1e-6 of their sum: both sides of ``CLOSE_EIGENVALUES``."""
+    U, _ = torch.linalg.qr(torch.randn(d, d, generator=gen, dtype=torch.float64))
+    V, _ = torch.linalg.qr(torch.randn(n, d, generator=gen, dtype=torch.float64))
+    centres = torch.linspace(0.05, 1.0, d // 4, dtype=torch.float64).repeat_interleave(4)
+    gaps = torch.tensor([0.0, 1e-12, 1e-9, 1e-6], dtype=torch.float64).repeat(d // 4)
+    return ((U * (centres + gaps * centres.sum()).sqrt()) @ V.mT)[None]
+
+
+@pytest.mark.parametrize("point", ["full", "rank3", "clustered"])
+def test_divided_differences_match_80_digit_decimals(point) -> None:
+    """Φ_ij of the eigenbasis form against (φ(λ_i) − φ(λ_j))/(λ_i − λ_j) (φ'(λ_i) where equal) in 80-digit
+    decimals from the same float64 eigenvalues (a gap of 1e-12 leaves 60 digits); only Φ's float32 storage is left."""
+    gen = torch.Generator().manual_seed(1)
+    x = {"full": lambda: torch.randn(1, 16, 40, generator=gen, dtype=torch.float64),
+         "rank3": lambda: torch.randn(1, 16, 3, generator=gen, dtype=torch.float64) @ torch.randn(3, 40, generator=gen, dtype=torch.float64),
+         "clustered": lambda: clustered_point(16, 40, gen)}[point]()
+    ns = NS.spectral(x)
+    X64 = ns.X0.double()[0]
+    lam = torch.linalg.eigh(X64 @ X64.mT)[0].tolist()  # the eigenvalues ``spectral`` decomposed
+    with localcontext() as ctx:
+        ctx.prec = 80
+        a, b, c = (Decimal(t) for t in NS.coefficients)
+
+        def phi(t: Decimal) -> tuple[Decimal, Decimal]:
+            value, slope, lam_k, d_lam = Decimal(1), Decimal(0), t, Decimal(1)
+            for _ in range(NS.steps):
+                s, d_s = a + lam_k * (b + c * lam_k), (b + 2 * c * lam_k) * d_lam
+                value, slope = s * value, d_s * value + s * slope
+                lam_k, d_lam = s * s * lam_k, (2 * d_s * lam_k + s * d_lam) * s
+            return value, slope
+
+        exact = [phi(Decimal(t)) for t in lam]
+        worst = 0.0
+        for i, ti in enumerate(lam):
+            for j, tj in enumerate(lam):
+                want = exact[i][1] if ti == tj else (exact[i][0] - exact[j][0]) / (Decimal(ti) - Decimal(tj))
+                worst = max(worst, abs(float(ns.Phi[0, i, j]) - float(want)) / abs(float(want)))
+    assert worst < 1e-6
 
 
 def test_adamw_map_is_the_derivative_of_torch_step_at_frozen_moments() -> None:

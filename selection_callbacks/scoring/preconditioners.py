@@ -200,6 +200,12 @@ def wide_unit(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, 
     return X / norm[..., None, None], norm, tall
 
 
+# eigenvalues of the unit-norm Gram matrix (they sum to 1) this close share the mean of their derivatives as
+# their divided difference: the quotient's rounding (~1e-16·φ/gap) and the mean's truncation (~gap²·φ‴) both stay
+# below 1e-10 of the entries on full-rank, rank-3 and decaying spectra
+CLOSE_EIGENVALUES = 1e-9
+
+
 @dataclass(frozen=True)
 class SpectralNS:
     """Newton–Schulz at one point, in the eigenbasis of the point's Gram matrix.
@@ -208,10 +214,10 @@ class SpectralNS:
     X_k = L_k X₀ with L_k a polynomial in A₀: a step multiplies L by S = q(A) and A by S²,
     q(t) = a + bt + ct². On an eigenvalue λ that is s = q(λ⁽ᵏ⁾), φ⁽ᵏ⁺¹⁾ = sφ⁽ᵏ⁾, λ⁽ᵏ⁺¹⁾ = s²λ⁽ᵏ⁾ from
     φ⁽⁰⁾ = 1, λ⁽⁰⁾ = λ, so NS(x) = L X₀ with L = Q diag(φ) Qᵀ (transposed back where x is tall).
-    ``Phi`` [..., d, d] holds φ's divided differences (φ(λ_i) − φ(λ_j))/(λ_i − λ_j) (φ'(λ_i) on the
-    diagonal), formed by the product rule and F[q∘h]_ij = F[h]_ij·(b + c(h_i + h_j)) without
-    subtracting close eigenvalues. ``norm`` [...] is the clamped ‖x‖_F, ``clamped`` [...] where the
-    clamp acted.
+    ``Phi`` [..., d, d] holds φ's divided differences (φ(λ_i) − φ(λ_j))/(λ_i − λ_j), and
+    (φ'(λ_i) + φ'(λ_j))/2 where |λ_i − λ_j| ≤ ``CLOSE_EIGENVALUES`` (φ'(λ_i) on the diagonal); φ and φ'
+    come from the scalar recursion in float64. ``norm`` [...] is the clamped ‖x‖_F, ``clamped`` [...]
+    where the clamp acted.
     """
 
     X0: torch.Tensor
@@ -253,25 +259,25 @@ class NewtonSchulz:
 
     def spectral(self, x: torch.Tensor) -> SpectralNS:
         """NS at x [..., m, n] in the eigenbasis of its Gram matrix: d²n multiply-adds for X₀X₀ᵀ, one
-        float64 eigendecomposition of d×d, and O(d²) a step."""
+        float64 eigendecomposition of d×d, O(d) a step and O(d²) for the divided differences."""
         X0, norm, tall = wide_unit(x, self.eps)
         clamped = norm <= self.eps
         X64 = X0.double()
         lam, Q = torch.linalg.eigh(X64 @ X64.mT)
         a, b, c = self.coefficients
-        phi = torch.ones_like(lam)
-        D_lam = torch.ones_like(Q)  # divided differences of λ⁽ᵏ⁾, of φ⁽ᵏ⁾
-        D_phi = torch.zeros_like(Q)
+        phi, d_phi = torch.ones_like(lam), torch.zeros_like(lam)  # φ⁽ᵏ⁾(λ) and its derivative in λ
+        lam_k, d_lam = lam, torch.ones_like(lam)  # λ⁽ᵏ⁾(λ) and its derivative
         for _ in range(self.steps):
-            s = a + lam * (b + c * lam)
-            D_s = D_lam * (b + c * (lam[..., :, None] + lam[..., None, :]))
-            D_phi = D_s * phi[..., None, :] + s[..., :, None] * D_phi
+            s, d_s = a + lam_k * (b + c * lam_k), (b + 2 * c * lam_k) * d_lam
+            d_phi = d_s * phi + s * d_phi
             phi = s * phi
-            u = s * lam
-            D_u = D_s * lam[..., None, :] + s[..., :, None] * D_lam
-            D_lam = D_s * u[..., None, :] + s[..., :, None] * D_u
-            lam = s * u
-        return SpectralNS(X0, norm, clamped, tall, Q.float(), phi.float(), D_phi.float())
+            d_lam = (2 * d_s * lam_k + s * d_lam) * s  # λ⁽ᵏ⁺¹⁾ = s²λ⁽ᵏ⁾
+            lam_k = s * s * lam_k
+        gap = lam[..., :, None] - lam[..., None, :]
+        close = gap.abs() <= CLOSE_EIGENVALUES
+        Phi = torch.where(close, (d_phi[..., :, None] + d_phi[..., None, :]) / 2,
+                          (phi[..., :, None] - phi[..., None, :]) / gap.masked_fill(close, 1.0))
+        return SpectralNS(X0, norm, clamped, tall, Q.float(), phi.float(), Phi.float())
 
     def vjp(self, x: torch.Tensor | SpectralNS, v: torch.Tensor) -> torch.Tensor:
         """(∂NS/∂x)ᵀ v at x, [..., m, n] → [..., m, n] float32: ``spectral_vjp`` on a CPU (or given a
