@@ -12,7 +12,7 @@ from typing_extensions import override
 from selection_callbacks.core.selection import Scores
 from selection_callbacks.scoring.ghost import Resolver
 from selection_callbacks.callbacks.ghost import GhostSelection
-from selection_callbacks.scoring.preconditioners import AdamWMap, OptimizerPreconditioner
+from selection_callbacks.scoring.preconditioners import AdamWMap, OptimizerPreconditioner, check_map_options
 
 
 class OPUSSelection(GhostSelection):
@@ -75,12 +75,9 @@ class OPUSSelection(GhostSelection):
         muon_mirrored: bool = False,
         **kwargs: Any,
     ) -> None:
-        if adamw_map not in ("frozen", "proxy_in_v"):
-            raise ValueError(f"unknown adamw_map {adamw_map!r}; choose 'frozen' or 'proxy_in_v'")
-        if muon_point not in ("batch", "momentum") or muon_draws < 1:
-            raise ValueError(f"muon_point must be 'batch' or 'momentum' and muon_draws ≥ 1, got {muon_point!r}, {muon_draws}")
-        if muon_mirrored and muon_draws % 2:
-            raise ValueError(f"mirrored Muon points come in pairs: muon_draws must be even, got {muon_draws}")
+        if muon_point not in ("batch", "momentum"):
+            raise ValueError(f"muon_point must be 'batch' or 'momentum', got {muon_point!r}")
+        check_map_options(adamw_map, muon_draws, muon_mirrored)
         if redundancy_weight < 0:
             raise ValueError(f"redundancy_weight must be ≥ 0, got {redundancy_weight}")
         if redundancy_weight == 0:  # nothing would read the sketches

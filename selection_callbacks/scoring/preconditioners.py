@@ -491,6 +491,16 @@ class Resolver(Protocol):
         ...
 
 
+def check_map_options(adamw_map: AdamWMap, muon_draws: int, muon_mirrored: bool) -> None:
+    """A clear error for an unknown AdamW map, fewer than one Muon point, or mirrored points not in pairs."""
+    if adamw_map not in ("frozen", "proxy_in_v"):
+        raise ValueError(f"unknown adamw_map {adamw_map!r}; choose 'frozen' or 'proxy_in_v'")
+    if muon_draws < 1:
+        raise ValueError(f"muon_draws must be ≥ 1, got {muon_draws}")
+    if muon_mirrored and muon_draws % 2:
+        raise ValueError(f"mirrored Muon points come in pairs (a drawn batch and its mirror image): muon_draws must be even, got {muon_draws}")
+
+
 class OptimizerPreconditioner:
     """Resolves parameters to their maps from the live optimizer (per step: the state moves).
 
@@ -514,12 +524,9 @@ class OptimizerPreconditioner:
         muon_draws: int = 8,
         muon_mirrored: bool = False,
     ) -> None:
-        if (muon_batch is not None and muon_batch < 1) or muon_draws < 1:
-            raise ValueError(f"muon_batch must be ≥ 1 or None and muon_draws ≥ 1, got {muon_batch} and {muon_draws}")
-        if muon_mirrored and muon_draws % 2:
-            raise ValueError(f"mirrored Muon points come in pairs (a drawn batch and its mirror image): muon_draws must be even, got {muon_draws}")
-        if adamw_map not in ("frozen", "proxy_in_v"):
-            raise ValueError(f"unknown adamw_map {adamw_map!r}; choose 'frozen' or 'proxy_in_v'")
+        if muon_batch is not None and muon_batch < 1:
+            raise ValueError(f"muon_batch must be ≥ 1 or None, got {muon_batch}")
+        check_map_options(adamw_map, muon_draws, muon_mirrored)
         inner = optimizer.optimizers if isinstance(optimizer, MuonWithAdamW) else (optimizer,)
         for opt in inner:
             if type(opt) not in _MAPS:
