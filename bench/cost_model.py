@@ -8,7 +8,9 @@ in the selector's summary, :func:`selection_callbacks.nn.flops.matmul_flops_per_
     modelled ratio = 1 + Σ_passes tokens · (1 forward, 2 backward) · F_model / (3 · F_learner · update tokens)
 
 A ghost scoring backward counts as 2: its gradients of activations, then per layer the utilities
-Σ_t b_tᵀ Q a_t (one weight-gradient-sized product per row). Passes under ``<model>_pretrain``
+Σ_t b_tᵀ Q a_t (one weight-gradient-sized product per row). It runs only from the loss down to the
+earliest scored layer, so it is counted under ``learner_reached``, whose F covers the layers it
+reaches (all of them unless only late layers are scored). Passes under ``<model>_pretrain``
 (a reference trained before the first step) are one-off and reported apart. Left out, so they
 show as the gap between a measured and a modelled ratio: the maps (Muon's Newton–Schulz products),
 sketches, host syncs, kernel launches and Python.

@@ -489,3 +489,32 @@ def test_layers_stack_by_default_on_accelerators_only(monkeypatch) -> None:
     model, opt = trained("adamw")
     GhostEngine(model).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
     assert groups and set(map(len, groups)) == {1}
+
+
+@pytest.mark.parametrize("pattern", [None, ["blocks.1.*"], ["blocks.1.mlp.*"]])
+def test_backward_flops_are_those_the_scoring_backward_runs(pattern) -> None:
+    """The layers the engine counts for its backward are the ones autograd really runs: the linear FLOPs of
+    ``torch.autograd.grad`` from the loss to the earliest scored layer's input, counted by FlopCounterMode."""
+    from torch.utils.flop_counter import FlopCounterMode
+
+    from selection_callbacks.callbacks.ghost import excluded_layers
+
+    model, opt = trained("adamw")
+    engine = GhostEngine(model, exclude=excluded_layers(model, False, False, pattern))
+    assert engine.backward_flops is None
+    engine.score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
+    first = engine.layers[0][1]
+    captured = []
+    handle = first.register_forward_pre_hook(lambda module, args: captured.append(args[0]))
+    batch = rows()
+    loss = row_losses(model)(batch).sum()
+    handle.remove()
+    counter = FlopCounterMode(display=False)
+    with counter:
+        torch.autograd.grad(loss, captured[0])
+    counts = counter.get_flop_counts()["Global"]
+    linear = sum(n for op, n in counts.items() if op in (torch.ops.aten.mm, torch.ops.aten.addmm))
+    tokens = batch["input_ids"].numel()
+    assert linear == engine.backward_flops * tokens  # one activation-gradient product per reached layer: 2·d_in·d_out a token
+    everything = sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
+    assert (engine.backward_flops == everything) == (pattern is None)

@@ -101,7 +101,7 @@ def test_diagnostics_never_change_a_selection(tiny_corpus) -> None:
     assert all(c.keys() == {"step", "utility_split_half", "sketch_error", "sketch_norm_bias"} for c in with_selector.diagnostics)
     assert all(c.keys() == {"step"} for c in without_selector.diagnostics)
     # scoring: (N + P)·L = 24·16 tokens forward and backward per step; the halves add (N + P/2)·L twice
-    assert with_selector.summary()["cost"]["learner_bwd"] == {"passes": 12, "tokens": 6 * (24 * 16 + 2 * 20 * 16)}
+    assert with_selector.summary()["cost"]["learner_reached_bwd"] == {"passes": 12, "tokens": 6 * (24 * 16 + 2 * 20 * 16)}
     assert without_selector.summary()["cost"]["learner_fwd"] == {"passes": 6, "tokens": 6 * 24 * 16}
     summary = with_selector.summary()["diagnostics"]
     assert summary["checks"] == 6 and [c["step"] for c in summary["history"]] == [0, 1, 2, 3, 4, 5]

@@ -275,9 +275,18 @@ class GhostSelection(SelectionCallback):
         return check
 
     def _count_passes(self, tokens: int) -> None:
-        """One scoring forward and backward of the learner over ``tokens`` window tokens."""
+        """One scoring forward of the learner over ``tokens`` window tokens, and its backward, which runs only
+        through the layers from the earliest scored one on (``learner_reached``, see :meth:`flops_per_token`)."""
         self.meter.add("learner", "fwd", tokens)
-        self.meter.add("learner", "bwd", tokens)
+        self.meter.add("learner_reached", "bwd", tokens)
+
+    @override
+    def flops_per_token(self) -> dict[str, int]:
+        """The learner's forward FLOPs per token and, as ``learner_reached``, those of the layers the scoring
+        backward runs through (the whole learner until the engine's first pass has measured them)."""
+        flops = super().flops_per_token()
+        reached = self.engine.backward_flops if self.engine is not None else None
+        return {**flops, "learner_reached": flops["learner"] if reached is None else reached}
 
     @override
     def extra_metrics(self) -> dict[str, float]:

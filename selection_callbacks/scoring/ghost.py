@@ -223,6 +223,15 @@ class GhostEngine:
         self._modules = dict(self.layers)
         self._index = {name: i for i, (name, _) in enumerate(self.layers)}
         self._sketchers: dict[tuple, object] = {}
+        self._backward_flops: int | None = None
+
+    @property
+    def backward_flops(self) -> int | None:
+        """2 · Σ d_in·d_out over the linear layers the scoring backward runs through, per token (None before
+        the first pass). The backward starts at the loss and stops at the earliest scored layer's input, so
+        with only late layers scored (``exclude``) the layers before them cost no backward. Counted from the
+        first pass's forward order (a layer applied twice counts twice)."""
+        return self._backward_flops
 
     # ---- capture ----
     def score(
@@ -279,6 +288,10 @@ class GhostEngine:
     def _pass(self, loss_fn: Callable[[MutableMapping], torch.Tensor], rows: MutableMapping, state: "_PassState") -> "_PassState":
         """One forward/backward over ``rows`` with the capture hooks on, scoring inside it; fills ``state``."""
         handles = [m.register_forward_hook(self._forward_hook(name, state), with_kwargs=True) for name, m in self.layers]
+        if self._backward_flops is None:  # every linear layer's forward, in order, once
+            state.calls = []
+            handles += [m.register_forward_pre_hook(lambda module, args: state.calls.append(module))
+                        for m in self.model.modules() if linear_kind(m) is not None]
         try:
             with torch.enable_grad():
                 losses = loss_fn(rows)
@@ -287,6 +300,8 @@ class GhostEngine:
                 stack = self.stack_layers if self.stack_layers is not None else stack_by_default(losses.device)
                 for names in self._groups(state, stack):
                     state.group_of.update((name, names) for name in names)
+                if state.calls is not None:
+                    self._backward_flops = 2 * sum(m.weight.numel() for m in state.calls[state.root_call :])
                 torch.autograd.grad(losses.sum(), state.roots, allow_unused=True)
                 state.roots.clear()  # the pass's states outlive it; its activations need not
         finally:
@@ -323,6 +338,8 @@ class GhostEngine:
                     f"ghost scoring: layer {name!r} got input of shape {tuple(x.shape)}; scored layers need "
                     f"batch-first inputs [R={rows}, ...] (exclude the layer or keep the row dimension)"
                 )
+            if not state.roots and state.calls is not None:  # the backward reaches this layer and every later one
+                state.root_call = len(state.calls) - (linear_kind(module) is not None)
             if not (x.is_floating_point() and x.requires_grad):
                 state.roots.append(output)  # a branch that starts here (token ids, raw features)
             elif not state.roots:
@@ -647,6 +664,8 @@ class _PassState:
         self.sq_norms: torch.Tensor | None = None
         self.probe = 0  # candidates whose exact Gram this pass accumulates
         self.probe_gram: torch.Tensor | None = None
+        self.calls: list[nn.Module] | None = None  # the linear layers' forwards in order, on the engine's first pass
+        self.root_call = 0  # the earliest scored layer's place in ``calls``
 
     def proxy_rows(self) -> int:
         """P of this pass; a layer's map is fixed in the pass that carries the proxy rows."""
