@@ -58,6 +58,8 @@ class TensorSketch:
         self.h1, self.s1, self.h2, self.s2 = (torch.stack(t).to(device) for t in zip(*tables))
         self.f1, self.f2 = self._dft(self.h1, self.s1), self._dft(self.h2, self.s2)
         self.columns = (torch.tensor(self.offsets, device=device)[:, None] + torch.arange(self.n, device=device)).flatten()
+        self._signs: torch.Tensor | None = None
+        self._scatter: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @staticmethod
     def _hashes(n: int, d_out: int, d_in: int, g: torch.Generator) -> tuple[torch.Tensor, ...]:
@@ -90,8 +92,11 @@ class TensorSketch:
         return self._place((_complex(self.f1[:, ids]) * _complex(fa)).sum(2))
 
     def signs(self) -> torch.Tensor:
-        """[L, d_out, d_in] s1(o)·s2(i): the sign of each weight entry (to fold into a map applied to formed matrices)."""
-        return self.s1[:, :, None] * self.s2[:, None, :]
+        """[L, d_out, d_in] s1(o)·s2(i): the sign of each weight entry (to fold into a map applied to formed matrices;
+        formed once, read only)."""
+        if self._signs is None:
+            self._signs = self.s1[:, :, None] * self.s2[:, None, :]
+        return self._signs
 
     def matrices(self, mats: torch.Tensor) -> torch.Tensor:
         """mats [L, N, d_out, d_in] → [N, m]: the same CountSketch of explicit matrices (e.g. a materialised P G_i)."""
@@ -104,12 +109,20 @@ class TensorSketch:
         column i of Y into bin (j + h2(i)) mod n (N·n·d_in adds).
         """
         N, L, d_out, d_in = signed.shape
-        lanes = torch.arange(L, device=signed.device)[:, None] * self.n
+        row_bins, column_bins = self._scatter_indices()
         rows = torch.zeros(N, L * self.n, d_in, device=signed.device)
-        rows.index_add_(1, (lanes + self.h1).flatten(), signed.reshape(N, L * d_out, d_in))
-        bins = lanes[:, :, None] + (torch.arange(self.n, device=signed.device)[:, None] + self.h2[:, None, :]) % self.n  # [L, n, d_in]
-        out = torch.zeros(N, L * self.n, device=signed.device).index_add_(1, bins.flatten(), rows.flatten(1))
+        rows.index_add_(1, row_bins, signed.reshape(N, L * d_out, d_in))
+        out = torch.zeros(N, L * self.n, device=signed.device).index_add_(1, column_bins, rows.flatten(1))
         return self._place_bins(out.unflatten(1, (L, self.n)).transpose(0, 1))
+
+    def _scatter_indices(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """The two scatters' targets, formed once: row o of layer k to lane k·n + h1(o) [L·d_out], and entry (j, i) of
+        that lane to bin k·n + (j + h2(i)) mod n [L·n·d_in]."""
+        if self._scatter is None:
+            lanes = torch.arange(self.h1.shape[0], device=self.h1.device)[:, None] * self.n
+            bins = lanes[:, :, None] + (torch.arange(self.n, device=self.h1.device)[:, None] + self.h2[:, None, :]) % self.n
+            self._scatter = ((lanes + self.h1).flatten(), bins.flatten())
+        return self._scatter
 
     def _place(self, spectrum: torch.Tensor) -> torch.Tensor:
         """[L, N, n//2 + 1] per-layer spectra → [N, m]: each layer's count sketch in its block."""
