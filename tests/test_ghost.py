@@ -498,6 +498,7 @@ def test_backward_flops_are_those_the_scoring_backward_runs(pattern) -> None:
     from torch.utils.flop_counter import FlopCounterMode
 
     from selection_callbacks.callbacks.ghost import excluded_layers
+    from selection_callbacks.nn.flops import matmul_flops_per_token
 
     model, opt = trained("adamw")
     engine = GhostEngine(model, exclude=excluded_layers(model, False, False, pattern))
@@ -516,5 +517,4 @@ def test_backward_flops_are_those_the_scoring_backward_runs(pattern) -> None:
     linear = sum(n for op, n in counts.items() if op in (torch.ops.aten.mm, torch.ops.aten.addmm))
     tokens = batch["input_ids"].numel()
     assert linear == engine.backward_flops * tokens  # one activation-gradient product per reached layer: 2·d_in·d_out a token
-    everything = sum(2 * m.weight.numel() for m in model.modules() if isinstance(m, torch.nn.Linear))
-    assert (engine.backward_flops == everything) == (pattern is None)
+    assert (engine.backward_flops == matmul_flops_per_token(model)) == (pattern is None)

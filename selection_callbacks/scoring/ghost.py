@@ -42,6 +42,7 @@ import torch
 import torch.nn as nn
 
 from selection_callbacks.nn.heads import output_heads
+from selection_callbacks.nn.flops import linear_flops_per_token
 from selection_callbacks.nn.optim import conv1d_type
 from selection_callbacks.scoring.preconditioners import DiagonalMap, Preconditioner, Resolver, ScalarMap, rows_matmul
 from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSidedProjection, sketch_blocks
@@ -301,7 +302,7 @@ class GhostEngine:
                 for names in self._groups(state, stack):
                     state.group_of.update((name, names) for name in names)
                 if state.calls is not None:
-                    self._backward_flops = 2 * sum(m.weight.numel() for m in state.calls[state.root_call :])
+                    self._backward_flops = linear_flops_per_token(state.calls[state.root_call :])
                 torch.autograd.grad(losses.sum(), state.roots, allow_unused=True)
                 state.roots.clear()  # the pass's states outlive it; its activations need not
         finally:
