@@ -10,8 +10,9 @@ its own subprocess so peak RSS only rises within it:
   preconditioner, utilities and the same hash family applied to the materialised P G_i;
 - ``naive_full``: the same with all N per-sample gradients at once (no chunking): memory ∝ N;
 - ``floor``: one plain forward + backward over the same tokens (parameter ``.grad``).
-With ``--maps`` the engine is also timed with AdamW's sketch through the rank-1 factors of D in every
-layer (``engine_factored``, the engine's sketch before it formed P G_i of AdamW layers), with its other
+With ``--maps`` the engine is also timed with AdamW's sketch from P G_i formed in every layer
+(``engine_formed``) and through the rescaled rank-1 factors of D in every layer (``engine_factored``; the
+engine's default takes the factors where ρ ≤ ``FACTOR_TOLERANCE``), with its other
 utility maps: ``engine_adamw_proxy_in_v``
 (AdamW with ḡ² in v), and on a Muon + AdamW optimizer ``engine_muon`` (Newton–Schulz VJPs at 8
 draws of a K = N/2 row batch), ``engine_muon_mirrored`` (two VJPs: one drawn batch and its mirror image
@@ -48,7 +49,7 @@ from jsonargparse import ArgumentParser
 from bench.report import write_json
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
-from selection_callbacks.scoring.ghost import GhostEngine, scored_layers
+from selection_callbacks.scoring.ghost import FACTOR_TOLERANCE, GhostEngine, scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner, Preconditioner
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
@@ -75,7 +76,7 @@ def setup(args: argparse.Namespace):
     model = GPT(cfg).to(args.device)
     optimizer = "muon" if (getattr(args, "child", None) or "").startswith("engine_muon") else "adamw"
     opt = build_optimizer(model, optimizer, 3e-3, 0.1, (0.9, 0.95), 0.02, 0.95, 0.0)
-    for _ in range(2):  # real optimizer state from small batches (keeps the setup's memory peak low)
+    for _ in range(getattr(args, "warm_steps", 2)):  # real optimizer state from small batches (keeps the setup's memory peak low)
         ids = torch.randint(0, 256, (2, args.score_len + 1), device=args.device)
         opt.zero_grad()
         row_losses(model)({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}).mean().backward()
@@ -105,7 +106,7 @@ class FrozenUtilities:
         return pre
 
 
-def prepare_engine_with(resolver: Callable, factor_tolerance: float = 0.0) -> Callable:
+def prepare_engine_with(resolver: Callable, factor_tolerance: float = FACTOR_TOLERANCE) -> Callable:
     """``prepare_engine`` with the resolver ``resolver(opt, args)`` (and AdamW's sketch ``factor_tolerance``)."""
 
     def prepare(model, opt, rows, args) -> Callable[[], None]:
@@ -117,6 +118,7 @@ def prepare_engine_with(resolver: Callable, factor_tolerance: float = 0.0) -> Ca
 
 
 MAP_VARIANTS = {
+    "engine_formed": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt), factor_tolerance=0.0),
     "engine_factored": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt), factor_tolerance=float("inf")),
     "engine_adamw_proxy_in_v": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, "proxy_in_v")),
     "engine_muon": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2)),
@@ -261,6 +263,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--sketch-dim", type=int, default=1024, help="sketch size m of the engine and the naive baseline")
     p.add_argument("--chunk", type=int, default=8, help="naive per-sample gradient chunk")
     p.add_argument("--engine-chunk", type=int, default=16, help="engine candidates per pass (0: one pass over all rows)")
+    p.add_argument("--warm-steps", type=int, default=2, help="optimizer steps on 2-row batches before scoring (the state the maps read)")
     p.add_argument("--repeats", type=int, default=3, help="timed calls per process (after a first call)")
     p.add_argument("--rounds", type=int, default=3, help="interleaved timing processes per variant")
     p.add_argument("--threads", type=int, default=2, help="torch threads of each timing process")
@@ -284,7 +287,7 @@ def main(argv: list[str] | None = None) -> dict:
 
     def child_run(variant: str, n: int | None, env: dict | None = None):
         cmd = [sys.executable, "-m", "bench.ghost", "--child", variant, "--n", str(n or 0), "--ns", args.ns]
-        for flag in ("layers", "width", "score_len", "sketch_dim", "chunk", "engine_chunk", "repeats", "threads", "device", "dtype"):
+        for flag in ("layers", "width", "score_len", "sketch_dim", "chunk", "engine_chunk", "warm_steps", "repeats", "threads", "device", "dtype"):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=root)
         return json.loads(done.stdout.splitlines()[-1])
@@ -323,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
         table.append(row)
     last = table[-1]
     result = {
-        "config": {k: getattr(args, k) for k in ("layers", "width", "score_len", "sketch_dim", "chunk", "engine_chunk", "repeats", "rounds", "threads")}
+        "config": {k: getattr(args, k) for k in ("layers", "width", "score_len", "sketch_dim", "chunk", "engine_chunk", "warm_steps", "repeats", "rounds", "threads")}
         | {"proxy_rows": PROXY, "params": last["params"], "device": args.device,
            "dtype": args.dtype if args.device == "cuda" else "fp32"},
         "n": last["n"],

@@ -10,8 +10,10 @@ N candidates and a proxy batch; the exact Gram K_ij = Σ_layers ⟨P G_i, P G_j�
 sketches use). Every engine sketch variant is scored over ``--seeds`` hash seeds:
 
 - ``count``: the exact-chunked CountSketch of the materialised P G_i (the reference);
-- ``tensor``: the engine's default tensor sketch (AdamW layers from the formed P G_i, exact factors elsewhere);
-- ``factored``: the tensor sketch through AdamW's rank-1 D ≈ r cᵀ everywhere (``factor_tolerance`` = ∞).
+- ``tensor``: the engine's default tensor sketch (AdamW stacks through the rescaled rank-1 D ≈ κ r cᵀ where
+  ρ ≤ ``FACTOR_TOLERANCE``, from the formed P G_i elsewhere; exact factors for the other maps);
+- ``formed``: the tensor sketch from the formed P G_i in every AdamW layer (``factor_tolerance`` = 0);
+- ``factored``: the tensor sketch through AdamW's κ r cᵀ everywhere (``factor_tolerance`` = ∞).
 
 With e_ij = (⟨S_i, S_j⟩ − K_ij)/√(K_ii K_jj): ``abs_error`` the mean over pairs i < j and seeds of
 |e_ij|, ``signed`` the mean of e_ij with its standard error over seeds, ``sq_norm_bias`` the mean
@@ -137,6 +139,7 @@ def stages(args) -> dict:
         data = TokenStream(1)
         engines = {"count": GhostEngine(model, include_head=args.head, sketch_dim=args.m, sketch="count"),
                    "tensor": GhostEngine(model, include_head=args.head, sketch_dim=args.m),
+                   "formed": GhostEngine(model, include_head=args.head, sketch_dim=args.m, factor_tolerance=0.0),
                    "factored": GhostEngine(model, include_head=args.head, sketch_dim=args.m, factor_tolerance=math.inf)}
         layers = [name for name, _ in engines["count"].layers]
         for step in range(1, steps[-1] + 1):
@@ -153,7 +156,7 @@ def stages(args) -> dict:
                    "rho": statistics.mean(float(v) for v in probe.relative_factor_error.values()) if probe.relative_factor_error else None,
                    "factor_error": statistics.mean(float(v) for v in probe.factor_error.values()) if probe.factor_error else None}
             for kind, engine in engines.items():
-                if kind != "factored" or probe.factor_error:  # factors differ from the tensor sketch only with AdamW layers
+                if kind not in ("factored", "formed") or probe.factor_error:  # factors differ from the tensor sketch only with AdamW layers
                     row[kind] = score_variant(engine, model, opt, batch, args.n, gram, args.seeds)
             print(json.dumps(row), flush=True)
             result["states"].append(row)
@@ -163,10 +166,10 @@ def stages(args) -> dict:
 def markdown(result: dict) -> str:
     """The stages table: one row per state and variant."""
     lines = ["| optimizer | β₂ | step | ρ (AdamW layers) | Frobenius factor error | variant | mean abs pair error | × count | "
-             "signed ± s.e. | ‖S‖²/‖PG‖² − 1 | probe (engine) | ms/call |", "|" + "---|" * 12]
+             "signed ± s.e. | ‖S‖²/‖PG‖² − 1 | probe (engine) | ms/call | factored layers |", "|" + "---|" * 13]
     for row in result["states"]:
         ref = row["count"]["abs_error"]
-        for kind in ("count", "tensor", "factored"):
+        for kind in ("count", "tensor", "formed", "factored"):
             if kind not in row:
                 continue
             v = row[kind]
@@ -174,7 +177,7 @@ def markdown(result: dict) -> str:
             fe = "–" if row["factor_error"] is None else f"{row['factor_error']:.3f}"
             lines.append(f"| {row['optimizer']} | {row['beta2']} | {row['step']} | {rho} | {fe} | {kind} | {v['abs_error']:.4f} | "
                          f"{v['abs_error'] / ref:.2f} | {v['signed']:+.4f} ± {v['signed_se']:.4f} | {v['sq_norm_bias']:+.3f} | "
-                         f"{v['probe']:.4f} | {v['ms']:.0f} |")
+                         f"{v['probe']:.4f} | {v['ms']:.0f} | {v['factored_layers']} |")
     return "\n".join(lines) + "\n"
 
 

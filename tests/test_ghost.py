@@ -176,9 +176,32 @@ def test_adamw_rank1_factor_error_is_reported() -> None:
     fc = [model.blocks[0].mlp.fc.weight, model.blocks[1].mlp.fc.weight]
     P = OptimizerPreconditioner(opt)(fc, torch.randn(2, *fc[0].shape))
     r, c = P.rank1()
-    for i in range(2):  # each stacked layer gets its own rank-1 factors and error
-        explicit = torch.linalg.norm(P.D[i] - torch.outer(r[i], c[i])) / torch.linalg.norm(P.D[i])
+    for i in range(2):  # each stacked layer gets its own rescaled rank-1 factors and errors
+        q = torch.outer(r[i], c[i]) / P.D[i]
+        kappa = q.square().mean().rsqrt()
+        torch.testing.assert_close(P.norm_scale[i], kappa, rtol=1e-4, atol=1e-6)
+        explicit = torch.linalg.norm(P.D[i] - kappa * torch.outer(r[i], c[i])) / torch.linalg.norm(P.D[i])
         torch.testing.assert_close(P.factor_error[i], explicit, rtol=1e-3, atol=1e-5)
+        torch.testing.assert_close(P.relative_factor_error[i], (kappa * q - 1).square().mean().sqrt(), rtol=1e-3, atol=1e-5)
+
+
+def test_rescaled_factors_keep_squared_norms_under_adams_normalisation() -> None:
+    """With every entry of P g of one scale (g_oi ~ N(0, 1/D_oi²)), E‖κ (r cᵀ) ⊙ g‖² = E‖D ⊙ g‖² (Monte Carlo over
+    200,000 draws); the unscaled best rank-1 factors miss it."""
+    from selection_callbacks.scoring.preconditioners import DiagonalMap
+
+    g = torch.Generator().manual_seed(0)
+    D = torch.rand(1, 24, 16, generator=g).add_(0.05).pow_(2) * torch.rand(24, 1, generator=g).add_(0.5)  # far from rank 1
+    P = DiagonalMap(1.0, D)
+    r, c = P.rank1()
+    factors = torch.outer(r[0], c[0])
+    draws = torch.randn(200_000, 24, 16, generator=g, dtype=torch.float64) / D[0].double()
+    exact = (D[0].double() * draws).square().sum((1, 2)).mean()
+    scaled = (float(P.norm_scale[0]) * factors.double() * draws).square().sum((1, 2)).mean()
+    unscaled = (factors.double() * draws).square().sum((1, 2)).mean()
+    assert abs(float(scaled / exact) - 1) < 0.01
+    assert abs(float(unscaled / exact) - 1) > 0.05
+    assert float(P.relative_factor_error[0]) > 0.2  # the test's D is not near rank 1
 
 
 @pytest.mark.parametrize("opt_name", ["sgd", "muon", "adamw"])

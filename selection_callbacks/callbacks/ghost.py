@@ -31,6 +31,7 @@ from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.token_bin import load_token_bin
 from selection_callbacks.nn.heads import vocabulary_size
 from selection_callbacks.scoring.ghost import (
+    FACTOR_TOLERANCE,
     GhostEngine,
     GhostScores,
     Resolver,
@@ -100,7 +101,7 @@ class GhostSelection(SelectionCallback):
         sketch: ``"tensor"``, ``"count"`` or ``"two_sided"`` (see :class:`GhostEngine`).
         candidate_chunk: score candidates in passes of at most this many rows (the proxy rows ride
             with the first): activation memory flat in N (None: one pass over all rows, fastest).
-        factor_tolerance: AdamW layers are tensor-sketched through their rank-1 factors only where the
+        factor_tolerance: AdamW layers are tensor-sketched through their rescaled rank-1 factors only where the
             factorisation's relative error ρ is at most this (0: P G_i always formed; see :class:`GhostEngine`).
         sketch_check: candidates whose exact P G_i are formed to measure the sketch's real error
             (``select/sketch_error``, ``select/sketch_norm_bias``) on diagnostic selections (0 or fewer than 2: never).
@@ -128,7 +129,7 @@ class GhostSelection(SelectionCallback):
         layers: list[str] | None = None,
         sketch: str = "tensor",
         candidate_chunk: int | None = None,
-        factor_tolerance: float = 0.0,
+        factor_tolerance: float = FACTOR_TOLERANCE,
         sketch_check: int = 8,
         reliability: bool = True,
         diagnostics_every: int = 100,

@@ -23,11 +23,12 @@ these sizes); on a CPU each layer is scored alone (stacking only copies there). 
 - optional m-dimensional sketches S_i with E⟨S_i, S_j⟩ = ⟨P G_i, P G_j⟩, summed over layers (a tensor
   sketch gives each layer its own block of bins, in proportion to its size: its cost is linear in the block).
   The tensor sketch hashes each token's factors P(b aᵀ) = b' a'ᵀ: exact for SGD and for Muon's frozen
-  Newton–Schulz map L g. AdamW's D ⊙ (b aᵀ) factors only through a rank-1 D ≈ r cᵀ, whose bias
-  grows with training (an output head's factored ‖P G_i‖² reaches 9.7× the exact at step 300), so an
-  AdamW layer is sketched through the factors only where ``DiagonalMap.relative_factor_error`` ≤
-  ``factor_tolerance``; elsewhere (by default everywhere) P G_i is formed in candidate chunks and
-  hashed with the same TensorSketch hash (:meth:`TensorSketch.matrices`): exact in expectation;
+  Newton–Schulz map L g. AdamW's D ⊙ (b aᵀ) factors only through a rank-1 D ≈ κ r cᵀ (rescaled so
+  squared norms stay unbiased under Adam's normalisation, :attr:`DiagonalMap.norm_scale`), whose error
+  is large where v is far from rank-1 (early steps; an output head with rows never seen), so an AdamW
+  stack is sketched through the factors only where ``DiagonalMap.relative_factor_error`` ≤
+  ``factor_tolerance``; elsewhere P G_i is formed in candidate chunks and hashed with the same
+  TensorSketch hash (:meth:`TensorSketch.matrices`): exact in expectation;
 - optional probe: the sketch's real error on the first few candidates, against their exact Gram;
 - optional squared norms ‖P G_i‖², by the T² Gram form where 2T² ≤ d_in·d_out, else materialised.
 """
@@ -49,6 +50,7 @@ from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSid
 
 SketchKind = Literal["tensor", "count", "two_sided"]
 STACK_ROW_ELEMENTS = 1 << 20  # numbers of captured a and b per row in one stack of layers
+FACTOR_TOLERANCE = 0.3  # ρ up to which AdamW stacks are sketched through κ r cᵀ (bench/results/ghost/README.md, "Rescaled factors")
 MATERIALISED_ELEMENTS = 1 << 19  # numbers of formed P G_i per chunk where a tensor sketch forms them (2 MB: the passes stay in cache)
 
 
@@ -176,9 +178,10 @@ class GhostEngine:
         sketch: ``"tensor"`` (TensorSketch of the token factors; AdamW layers per ``factor_tolerance``), ``"count"``
             (exact CountSketch of materialised P G_i, the reference) or ``"two_sided"`` (AdamW through its
             rank-1 factorised D).
-        factor_tolerance: with ``"tensor"``, an AdamW stack is sketched through its rank-1 factors where its
-            largest ρ (:attr:`DiagonalMap.relative_factor_error`) is at most this (one device sync per stack
-            and call), else from P G_i formed in ``chunk``-candidate chunks (0: always formed, unbiased).
+        factor_tolerance: with ``"tensor"``, an AdamW stack is sketched through its rescaled rank-1 factors where
+            its largest ρ (:attr:`DiagonalMap.relative_factor_error`) is at most this (one device sync per stack
+            and call), else from P G_i formed in ``chunk``-candidate chunks (0: always formed, unbiased;
+            ∞: always factored).
         norms: also compute ‖P G_i‖².
         chunk: candidates per chunk where per-sample matrices are materialised.
         exclude: module names not to score (e.g. a layer applied twice per forward).
@@ -203,7 +206,7 @@ class GhostEngine:
         exclude: tuple[str, ...] = (),
         candidate_chunk: int | None = None,
         stack_layers: bool | None = None,
-        factor_tolerance: float = 0.0,
+        factor_tolerance: float = FACTOR_TOLERANCE,
     ) -> None:
         if sketch not in ("tensor", "count", "two_sided"):
             raise ValueError(f"unknown sketch {sketch!r}; choose tensor, count or two_sided")

@@ -133,33 +133,56 @@ class DiagonalMap:
     def __init__(self, C: Scale, D: torch.Tensor) -> None:
         self.C, self.D = C, D
         self._factors: tuple[torch.Tensor, torch.Tensor] | None = None
+        self._moments: tuple[torch.Tensor, torch.Tensor] | None = None
 
     @property
     def factor_error(self) -> torch.Tensor:
-        """[L] ‖D − r cᵀ‖_F / ‖D‖_F of the rank-1 factorisation (no device sync).
+        """[L] ‖D − κ r cᵀ‖_F / ‖D‖_F of the rescaled rank-1 map the factored sketch uses (no device sync).
 
         The power iteration ends with c = Dᵀr/‖r‖², so rᵀD c = ‖r‖²‖c‖² and
-        ‖D − r cᵀ‖² = ‖D‖² − ‖r‖²‖c‖²: no outer product, no further pass over D but its norm.
+        ‖D − κ r cᵀ‖² = ‖D‖² − (2κ − κ²)‖r‖²‖c‖²: no outer product, no pass over D but its norm and κ's.
         """
         r, c = self.rank1()
         if c.shape[-1] == 0:
             return torch.zeros(self.D.shape[0], device=self.D.device)
         sq = torch.linalg.vector_norm(self.D.flatten(1), dim=1).square()
-        return ((sq - r.square().sum(1) * c.square().sum(1)).clamp(min=0) / sq).sqrt()
+        k = self.norm_scale
+        return ((sq - (2 * k - k * k) * r.square().sum(1) * c.square().sum(1)).clamp(min=0) / sq).sqrt()
 
     @property
     def relative_factor_error(self) -> torch.Tensor:
-        """[L] ρ = √mean_{o,i} (r_o c_i / D_oi − 1)²: the rank-1 map's error relative to each entry of D (one pass).
+        """[L] ρ = √mean_{o,i} (κ r_o c_i / D_oi − 1)²: the factored map's error relative to each entry of D.
 
         Under Adam every entry of P g is of one scale (E g² ∝ 1/D²), so ρ, not ``factor_error`` (dominated by
         D's largest entries, where v has not formed and gradients are small), sizes the error the factorisation
-        puts into ‖P G_i‖ and ⟨P G_i, P G_j⟩. On trained GPT layers ρ is 0.12–1.6 while ``factor_error`` is
-        0.07–0.6 (an output head at ρ = 1.6, ``factor_error`` 0.1, has its factored ‖P G_i‖² 9.7× the exact).
+        puts into ⟨P G_i, P G_j⟩. With q = r cᵀ/D and κ = 1/√mean q², ρ² = 2 − 2κ·mean q.
         """
-        r, c = self.rank1()
-        if c.shape[-1] == 0:
-            return torch.zeros(self.D.shape[0], device=self.D.device)
-        return torch.einsum("lo,li->loi", r, c).div_(self.D).sub_(1).square_().mean((1, 2)).sqrt_()
+        mean_q, _ = self._ratio_moments()
+        return (2 - 2 * self.norm_scale * mean_q).clamp(min=0).sqrt()
+
+    @property
+    def norm_scale(self) -> torch.Tensor:
+        """[L] κ = 1/√mean_{o,i} (r_o c_i / D_oi)²: the factors' rescaling that keeps E‖P G‖² where every entry of
+        P g is of one scale (E g_oi² ∝ 1/D_oi², Adam's normalisation): E‖κ (r cᵀ) ⊙ G‖² ∝ κ² Σ (r_o c_i/D_oi)² = Σ 1.
+
+        Without it the best rank-1 factors in Frobenius norm overweight the entries where D is small (formed v,
+        large gradients) and bias every ⟨S_i, S_j⟩ of the factored sketch upward (+18% in squared norm on a tiny
+        GPT after 300 AdamW steps, bench/results/ghost/README.md).
+        """
+        _, mean_q2 = self._ratio_moments()
+        return mean_q2.rsqrt()
+
+    def _ratio_moments(self) -> tuple[torch.Tensor, torch.Tensor]:
+        """([L] mean q, [L] mean q²) of q = r cᵀ / D, in one pass over D (ones for vectors: their factors are D)."""
+        if self._moments is None:
+            r, c = self.rank1()
+            if c.shape[-1] == 0:
+                ones = torch.ones(self.D.shape[0], device=self.D.device)
+                self._moments = (ones, ones)
+            else:
+                q = torch.einsum("lo,li->loi", r, c).div_(self.D)
+                self._moments = (q.mean((1, 2)), q.square_().mean((1, 2)))
+        return self._moments
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
         return (lead(self.D, g.ndim) * g).mul_(lead(self.C, g.ndim))
@@ -186,9 +209,10 @@ class DiagonalMap:
         return lead(scale_b, b.ndim) * b, lead(scale_a, a.ndim) * a
 
     def token_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
-        """(C·r [L, d_out], c [L, d_in]): token_factors(b, a) = (C·r ⊙ b, c ⊙ a), for sketches that fold the scales in."""
+        """(C·κ·r [L, d_out], c [L, d_in]): token_factors(b, a) = (C·κ·r ⊙ b, c ⊙ a), the rescaled rank-1 map
+        (:attr:`norm_scale`), for sketches that fold the scales in."""
         r, c = self.rank1()
-        return lead(self.C, 2) * r, c
+        return (lead(self.C, 2) * self.norm_scale[:, None]) * r, c
 
 
 def wide_unit(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, bool]:
