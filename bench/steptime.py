@@ -11,7 +11,9 @@ the intercept. Ratios to random are taken within a repeat, then the median over 
 Beside each measured ratio stands the method's modelled one (:mod:`bench.cost_model`: the extra
 forward and backward tokens its selector counted, weighed by each model's FLOPs per token, over
 the training step's own) and the gap between the two: what the passes do not explain (maps,
-sketches, host syncs, launches, Python). Writes ``steptime.json`` and ``steptime.md`` into ``--out``.
+sketches, host syncs, launches, Python). Writes ``steptime.json`` and ``steptime.md`` into ``--out``; the
+table ends with the machine every run recorded (its processor, and the CPUs other processes held), since
+ratios of the same code move with the host.
 """
 
 from __future__ import annotations
@@ -29,6 +31,7 @@ from jsonargparse import ArgumentParser
 from bench.compare import Plan, build_parser as compare_parser, prepare_online, resolve_variants
 from bench.cost_model import modelled_cost
 from bench.methods import ROOT
+from selection_callbacks.core.machine_load import ALONE_BELOW
 
 
 def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
@@ -48,7 +51,21 @@ def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
         "fixed_seconds": walls[0] - per_step * eval_every,
         "wall_seconds": m["wall_seconds"],
         "selection_fraction": float(sel.get("overhead_seconds", 0.0)) / m["wall_seconds"] if m["wall_seconds"] else 0.0,
+        "cpu": (m.get("machine") or {}).get("cpu"),
+        "other_cpus": (m.get("machine") or {}).get("other_cpus"),
     }
+
+
+def machine_line(rows: dict[str, list[dict[str, Any]]]) -> str:
+    """One sentence: the processors the runs recorded and the most CPUs other processes held during any of them."""
+    runs = [r for method_runs in rows.values() for r in method_runs]
+    cpus = sorted({r.get("cpu") or "not recorded" for r in runs})
+    others = [r["other_cpus"] for r in runs if r.get("other_cpus") is not None]
+    load = ("not recorded" if not others else
+            f"other processes held at most {max(others):.2f} CPUs during a run"
+            + (" (every run trained alone)" if max(others) < ALONE_BELOW else f" ({sum(x >= ALONE_BELOW for x in others)} of "
+               f"{len(runs)} runs beside other work)"))
+    return f"Machine: {'; '.join(cpus)}; {load}."
 
 
 def build_parser() -> ArgumentParser:
@@ -133,6 +150,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      f"{', '.join(f'{x:.2f}' for x in s['ratios'])} | {s['modelled_ratio']:.2f} | "
                      f"{s['ratio_to_random_median'] - s['modelled_ratio']:+.2f} | {parts} | {s['one_off_steps']:.0f} | "
                      f"{s['fixed_seconds_median']:.1f} | {s['selection_fraction_median']:.0%} |")
+    lines += ["", machine_line(rows)]
     (out / "steptime.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
     return result

@@ -180,7 +180,11 @@ def test_steptime_ratios_from_interleaved_runs(bench_run, tiny_corpus) -> None:
     assert m["random"]["modelled_ratio"] == 1.0 and m["high_loss"]["modelled_ratio"] == pytest.approx(1 + 2 / 3)
     # looked-up reference losses: the learner's forward is the only pass left, as for high-loss
     assert m["rho_lookup@reference_steps=2"]["modelled_ratio"] == pytest.approx(1 + 2 / 3)
-    assert "| high_loss |" in (out / "steptime.md").read_text()
+    table = (out / "steptime.md").read_text()
+    assert "| high_loss |" in table
+    machine = table.splitlines()[-1]  # every run's processor and how busy the machine was
+    assert machine.startswith("Machine: ") and "other processes held at most" in machine
+    assert all("cpu" in run and "other_cpus" in run for run in m["high_loss"]["runs"])
     with pytest.raises(SystemExit, match="offline selector"):
         steptime.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val", tiny_corpus["val"],
                        "--methods", "random,dsir", "--out", str(out)])

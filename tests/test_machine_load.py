@@ -13,6 +13,7 @@ from selection_callbacks.core.machine_load import (
     LoadSnapshot,
     busy_cpu_seconds,
     describe_load,
+    host_cpu,
     other_cpu_seconds,
 )
 
@@ -25,6 +26,18 @@ def test_busy_seconds_sum_the_busy_columns(tmp_path: Path) -> None:
     stat.write_text("cpu  100 20 30 9999 50 1 2 3 0 0\ncpu0 1 2 3 4\n")
     assert busy_cpu_seconds(stat) == pytest.approx((100 + 20 + 30 + 1 + 2 + 3) / os.sysconf("SC_CLK_TCK"))
     assert busy_cpu_seconds(tmp_path / "missing") is None
+
+
+def test_host_cpu_names_the_model_and_amx(tmp_path: Path) -> None:
+    info = tmp_path / "cpuinfo"
+    info.write_text("processor\t: 0\nmodel name\t: Intel(R) Xeon(R)  Platinum 8488C\nflags\t\t: fpu sse2 amx_bf16 amx_tile\n\n"
+                    "processor\t: 1\nmodel name\t: Intel(R) Xeon(R)  Platinum 8488C\nflags\t\t: fpu sse2 amx_bf16 amx_tile\n")
+    assert host_cpu(info) == "Intel(R) Xeon(R) Platinum 8488C +AMX"
+    info.write_text("processor\t: 0\nmodel name\t: AMD EPYC\nflags\t\t: fpu sse2 avx2\n")
+    assert host_cpu(info) == "AMD EPYC"
+    info.write_text("processor\t: 0\nflags\t\t: fpu\n")  # some platforms name no model
+    assert host_cpu(info) is None
+    assert host_cpu(tmp_path / "missing") is None
 
 
 def test_other_cpu_seconds_subtract_the_own_process() -> None:

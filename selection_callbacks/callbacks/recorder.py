@@ -13,7 +13,7 @@ from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.core.io import write_json_atomic
-from selection_callbacks.core.machine_load import LoadSnapshot, load_average, other_cpu_seconds
+from selection_callbacks.core.machine_load import LoadSnapshot, host_cpu, load_average, other_cpu_seconds
 
 
 class RunRecorder(L.Callback):
@@ -32,7 +32,7 @@ class RunRecorder(L.Callback):
     :mod:`selection_callbacks.core.machine_load`): ``other_cpus``, the mean number of CPUs other
     processes held, and the 1-minute load average at each validation, so a report can tell runs
     trained alone from runs trained beside other jobs (other ranks on the same machine count as
-    other work).
+    other work); ``cpu`` names the processor the run timed on.
 
     Example::
 
@@ -79,10 +79,12 @@ class RunRecorder(L.Callback):
         return other, wall
 
     def machine_load(self) -> dict[str, Any]:
-        """``{"cpus", "torch_threads", "other_cpus", "load_average"}`` of the run so far (other_cpus: None
-        where the platform has no ``/proc/stat``)."""
+        """``{"cpu", "cpus", "torch_threads", "other_cpus", "load_average"}`` of the run so far (cpu: the processor,
+        :func:`~selection_callbacks.core.machine_load.host_cpu`; other_cpus: None where the platform has no
+        ``/proc/stat``)."""
         other, wall = self._load_totals()
         return {
+            "cpu": host_cpu(),
             "cpus": os.cpu_count(),
             "torch_threads": torch.get_num_threads(),
             "other_cpus": None if other is None or wall <= 0 else round(other / wall, 3),

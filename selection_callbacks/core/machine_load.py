@@ -5,7 +5,9 @@ busy CPU-seconds (``/proc/stat``: user, nice, system, irq, softirq, steal) minus
 own CPU-seconds, over the elapsed wall seconds, is the mean number of CPUs other work held while
 this process ran: about 0 for a run trained alone, about 1 beside one busy single-threaded job.
 The 1-minute load average is kept beside it (it counts this process too, and lags by a minute).
-Where ``/proc/stat`` is missing (not Linux) only the load average is recorded.
+Where ``/proc/stat`` is missing (not Linux) only the load average is recorded. ``host_cpu`` names the
+processor (``/proc/cpuinfo``): the same code's step-time ratios move with it (an AMX host rounds torch's
+bfloat16 products otherwise and runs its matmuls at another speed than an AMD EPYC host).
 """
 
 from __future__ import annotations
@@ -32,6 +34,26 @@ def busy_cpu_seconds(stat: Path = Path("/proc/stat")) -> float | None:
         return None
     ticks = [int(first[1 + i]) for i in BUSY_FIELDS if 1 + i < len(first)]
     return sum(ticks) / os.sysconf("SC_CLK_TCK")
+
+
+def host_cpu(cpuinfo: Path = Path("/proc/cpuinfo")) -> str | None:
+    """The processor's model name, with ``"+AMX"`` where it has AMX tile units (``amx_bf16``); None where
+    ``/proc/cpuinfo`` is unreadable or names no model."""
+    try:
+        text = cpuinfo.read_text()
+    except OSError:
+        return None
+    model = flags = None
+    for line in text.splitlines():
+        key, _, value = line.partition(":")
+        key = key.strip()
+        if key == "model name" and model is None:
+            model = " ".join(value.split())
+        elif key == "flags" and flags is None:
+            flags = value.split()
+    if not model:
+        return None
+    return f"{model} +AMX" if flags and "amx_bf16" in flags else model
 
 
 def load_average() -> float | None:
