@@ -8,6 +8,11 @@ method order so drifting machine load hits every method alike. A run's step time
 its training wall-clock (validation excluded) between its first and last validation, so fixed
 costs (start-up, a reference pretrained at the start) drop out; they are reported separately as
 the intercept. Ratios to random are taken within a repeat, then the median over repeats.
+On a host whose speed drifts between runs, the ratio of two runs drifts with it; the ``in-run ×`` column
+does not: from each run's own selection seconds over the same validation points (``selection_curve``),
+a step splits into its training part and its selection part at the same moments, and the ratio is
+step / (step − selection + random's selection), random's training step standing in for the same work
+(cache effects of the scoring on the training part are counted as training, so it can read slightly low).
 Beside each measured ratio stands the method's modelled one (:mod:`bench.cost_model`: the extra
 forward and backward tokens its selector counted, weighed by each model's FLOPs per token, over
 the training step's own) and the gap between the two: what the passes do not explain (maps,
@@ -40,7 +45,11 @@ def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
     walls = [w for _, w, _ in m["curve"]]
     if len(walls) < 2:
         raise SystemExit(f"{run_dir}: fewer than two validation points; raise --steps or --evals")
-    per_step = (walls[-1] - walls[0]) / ((len(walls) - 1) * eval_every)
+    steps = (len(walls) - 1) * eval_every
+    per_step = (walls[-1] - walls[0]) / steps
+    selected = dict((tokens, seconds) for tokens, seconds in m.get("selection_curve", []))
+    first, last = m["curve"][0][0], m["curve"][-1][0]
+    selection = (selected[last] - selected[first]) / steps if first in selected and last in selected else None
     sel = m.get("selection") or {}
     model = modelled_cost(m)
     return {
@@ -48,12 +57,22 @@ def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
         "modelled_parts": model["parts"],
         "one_off_steps": model["one_off"],
         "step_seconds": per_step,
+        "selection_step_seconds": selection,
         "fixed_seconds": walls[0] - per_step * eval_every,
         "wall_seconds": m["wall_seconds"],
         "selection_fraction": float(sel.get("overhead_seconds", 0.0)) / m["wall_seconds"] if m["wall_seconds"] else 0.0,
         "cpu": (m.get("machine") or {}).get("cpu"),
         "other_cpus": (m.get("machine") or {}).get("other_cpus"),
     }
+
+
+def in_run_ratio(run: dict[str, Any], random: dict[str, Any]) -> float | None:
+    """step / (step − its selection + random's selection), each per step over the slope's validation points
+    (None where a run recorded no selection curve)."""
+    own, base = run.get("selection_step_seconds"), random.get("selection_step_seconds")
+    if own is None or base is None:
+        return None
+    return run["step_seconds"] / (run["step_seconds"] - own + base)
 
 
 def machine_line(rows: dict[str, list[dict[str, Any]]]) -> str:
@@ -123,10 +142,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     summary = {}
     for name, runs in rows.items():
         ratios = [x["step_seconds"] / b["step_seconds"] for x, b in zip(runs, base)]
+        in_run = [in_run_ratio(x, b) for x, b in zip(runs, base)]
         summary[name] = {
             "step_ms_median": 1e3 * statistics.median(x["step_seconds"] for x in runs),
             "ratio_to_random_median": statistics.median(ratios),
             "ratios": ratios,
+            "in_run_ratio_median": None if None in in_run else statistics.median(in_run),
+            "in_run_ratios": in_run,
             "modelled_ratio": runs[0]["modelled_ratio"],
             "modelled_parts": runs[0]["modelled_parts"],
             "one_off_steps": runs[0]["one_off_steps"],
@@ -141,15 +163,19 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     lines = [f"# Step time vs random ({a.scale}, {a.optimizer}, ratio {a.ratio}, {a.threads} thread(s), "
              f"{a.steps} steps × {a.repeats} interleaved repeats)", "",
              f"`{' '.join(['python -m bench.steptime', *(argv if argv is not None else sys.argv[1:])])}`", "",
-             "| method | ms / step | × random (median of per-repeat ratios) | per-repeat | modelled × | "
-             "measured − modelled | modelled parts | one-off (plain steps) | fixed s | selection share |",
-             "|---|---:|---:|---|---:|---:|---|---:|---:|---:|"]
+             "| method | ms / step | × random (median of per-repeat ratios) | per-repeat | in-run × (per repeat) | modelled × | "
+             "measured − modelled | in-run − modelled | modelled parts | one-off (plain steps) | fixed s | selection share |",
+             "|---|---:|---:|---|---|---:|---:|---:|---|---:|---:|---:|"]
     for name, s in summary.items():
         parts = ", ".join(f"{k} {v:.2f}" for k, v in s["modelled_parts"].items()) or "none"
+        in_run = s["in_run_ratio_median"]
         lines.append(f"| {name} | {s['step_ms_median']:.1f} | {s['ratio_to_random_median']:.2f} | "
-                     f"{', '.join(f'{x:.2f}' for x in s['ratios'])} | {s['modelled_ratio']:.2f} | "
-                     f"{s['ratio_to_random_median'] - s['modelled_ratio']:+.2f} | {parts} | {s['one_off_steps']:.0f} | "
-                     f"{s['fixed_seconds_median']:.1f} | {s['selection_fraction_median']:.0%} |")
+                     f"{', '.join(f'{x:.2f}' for x in s['ratios'])} | "
+                     + ("–" if in_run is None else f"{in_run:.2f} ({', '.join(f'{x:.2f}' for x in s['in_run_ratios'])})")
+                     + f" | {s['modelled_ratio']:.2f} | {s['ratio_to_random_median'] - s['modelled_ratio']:+.2f} | "
+                     + ("–" if in_run is None else f"{in_run - s['modelled_ratio']:+.2f}")
+                     + f" | {parts} | {s['one_off_steps']:.0f} | {s['fixed_seconds_median']:.1f} | "
+                     f"{s['selection_fraction_median']:.0%} |")
     lines += ["", machine_line(rows)]
     (out / "steptime.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

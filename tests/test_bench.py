@@ -185,6 +185,9 @@ def test_steptime_ratios_from_interleaved_runs(bench_run, tiny_corpus) -> None:
     machine = table.splitlines()[-1]  # every run's processor and how busy the machine was
     assert machine.startswith("Machine: ") and "other processes held at most" in machine
     assert all("cpu" in run and "other_cpus" in run for run in m["high_loss"]["runs"])
+    # in-run: each run's own selection seconds over the slope's points; random's is 1 by construction
+    assert m["random"]["in_run_ratios"] == [1.0, 1.0]
+    assert all(r > 1 for r in m["high_loss"]["in_run_ratios"]) and m["high_loss"]["in_run_ratio_median"] > 1
     with pytest.raises(SystemExit, match="offline selector"):
         steptime.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val", tiny_corpus["val"],
                        "--methods", "random,dsir", "--out", str(out)])

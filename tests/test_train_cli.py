@@ -40,6 +40,10 @@ def test_short_run_per_method_config(tiny_corpus, tmp_path: Path, method: str, c
     assert metrics["selection"]["kept"] == 6 * 16 and metrics["selection"]["candidates_seen"] == 6 * 32
     assert 0 < metrics["val_bpb"] < 20
     assert f"val_bpb={metrics['val_bpb']:.4f}" in capsys.readouterr().out
+    # the selection's cumulative seconds at each validation, at the curve's points
+    assert [p[0] for p in metrics["selection_curve"]] == [p[0] for p in metrics["curve"]]
+    seconds = [p[1] for p in metrics["selection_curve"]]
+    assert 0 <= seconds[0] <= seconds[1] == pytest.approx(metrics["selection"]["overhead_seconds"], abs=1e-3)
     assert cli.trainer.callbacks[0].ratio == 0.5  # linked from data.ratio
 
 
@@ -97,6 +101,8 @@ def test_resume_from_checkpoint_reproduces_the_run(tiny_corpus, tmp_path: Path) 
     resumed = json.loads((tmp_path / "resumed" / "metrics.json").read_text())
     assert resumed["update_tokens"] == full["update_tokens"] and resumed["global_step"] == 6
     assert [p[0] for p in resumed["curve"]] == [p[0] for p in full["curve"]]
+    assert [p[0] for p in resumed["selection_curve"]] == [p[0] for p in full["selection_curve"]]
+    assert resumed["selection_curve"][0] == full["selection_curve"][0]  # the checkpoint's point, restored as written
     assert resumed["val_bpb"] == pytest.approx(full["val_bpb"], abs=1e-5)
     assert resumed["selection"]["kept"] == full["selection"]["kept"]
     assert resumed["selection"]["domains"] == pytest.approx(full["selection"]["domains"])

@@ -21,8 +21,10 @@ class RunRecorder(L.Callback):
 
     (``val_loss`` takes bpb's place when the data's token byte lengths are unknown: ``curve_metric``.)
 
-    With a :class:`SelectionCallback` present it also records the cumulative domain counts of
-    the kept candidates at each validation (``domain_history``).
+    With a :class:`SelectionCallback` present it also records, at each validation, the cumulative domain
+    counts of the kept candidates (``domain_history``) and the selection's cumulative seconds
+    (``selection_curve``, ``[update_tokens, seconds]``: the part of the wall-clock its hooks took, so a
+    step's training and selection parts are measured in the same run, at the same moments).
 
     Update tokens count the label tokens the optimizer trained on (after selection), summed
     over ranks; wall-clock is training time with validation excluded. The file is rewritten
@@ -54,6 +56,7 @@ class RunRecorder(L.Callback):
         self.update_tokens = 0
         self.curve: list[list[float]] = []
         self.domain_history: list[list[Any]] = []
+        self.selection_curve: list[list[float]] = []
         self.summary: dict[str, Any] = {}
         self._train_seconds = 0.0
         self._resumed_at: float | None = None
@@ -140,6 +143,7 @@ class RunRecorder(L.Callback):
         selector = next((c for c in trainer.callbacks if isinstance(c, SelectionCallback)), None)
         if selector is not None and (not self.domain_history or self.domain_history[-1][0] != self.update_tokens):
             self.domain_history.append([self.update_tokens, dict(selector.domain_counts)])
+            self.selection_curve.append([self.update_tokens, round(selector.overhead_seconds, 4)])
         self.summary = {
             "val_bpb": metrics.get("val/bpb"),
             "val_loss": metrics.get("val/loss"),
@@ -149,6 +153,7 @@ class RunRecorder(L.Callback):
             "curve": self.curve,
             "curve_metric": metric.replace("/", "_"),
             "domain_history": self.domain_history,
+            "selection_curve": self.selection_curve,
             "selection": selector.summary() if selector is not None else None,
             "machine": self.machine_load(),
         }
@@ -166,6 +171,7 @@ class RunRecorder(L.Callback):
             "update_tokens": self.update_tokens,
             "curve": self.curve,
             "domain_history": self.domain_history,
+            "selection_curve": self.selection_curve,
             "train_seconds": self.wall_seconds(),
             "load": dict(zip(("other_cpu_seconds", "wall_seconds"), self._load_totals()), history=self.load_history),
         }
@@ -175,6 +181,7 @@ class RunRecorder(L.Callback):
         self.update_tokens = int(state_dict["update_tokens"])
         self.curve = [list(p) for p in state_dict["curve"]]
         self.domain_history = [list(p) for p in state_dict["domain_history"]]
+        self.selection_curve = [list(p) for p in state_dict.get("selection_curve", [])]  # absent in older checkpoints
         self._train_seconds = float(state_dict["train_seconds"])
         load = state_dict.get("load", {})  # absent in checkpoints written before load was recorded
         self._other_cpu_seconds = float(load.get("other_cpu_seconds") or 0.0)
