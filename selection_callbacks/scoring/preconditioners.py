@@ -180,7 +180,7 @@ class DiagonalMap:
                 ones = torch.ones(self.D.shape[0], device=self.D.device)
                 self._moments = (ones, ones)
             else:
-                q = torch.einsum("lo,li->loi", r, c).div_(self.D)
+                q = torch.mul(r[..., None], c[:, None]).div_(self.D)
                 self._moments = (q.mean((1, 2)), q.square_().mean((1, 2)))
         return self._moments
 
@@ -198,9 +198,9 @@ class DiagonalMap:
                 self._factors = (D, D.new_ones(D.shape[0], 0))
                 return self._factors
             c = D.mean(1)
-            for _ in range(POWER_ITERATIONS):
-                r = torch.einsum("loi,li->lo", D, c).div_((c * c).sum(1, keepdim=True))
-                c = torch.einsum("loi,lo->li", D, r).div_((r * r).sum(1, keepdim=True))
+            for _ in range(POWER_ITERATIONS):  # batched matrix–vector products (einsum's dispatch costs more at these sizes)
+                r = torch.bmm(D, c[..., None])[..., 0].div_((c * c).sum(1, keepdim=True))
+                c = torch.bmm(r[:, None], D)[:, 0].div_((r * r).sum(1, keepdim=True))
             self._factors = (r, c)
         return self._factors
 
@@ -431,14 +431,19 @@ def _adamw_map(
     if group.get("amsgrad", False) and any("max_exp_avg_sq" in st for st in states):  # zeros where missing: max(0, v) = v
         v = torch.maximum(_stacked_state(states, "max_exp_avg_sq", gbar) / beta2, v)
     bc2 = [1.0 - beta2 ** (s + 1) for s in steps]
-    # β2·x with x = max(v, (1 − β2)/β2·ḡ²): the fresh gradient's share of the next v, estimated by the proxy's
-    x = gbar.float().square().mul_((1 - beta2) / beta2)
-    if variant == "proxy_in_v":
-        torch.maximum(x, v, out=x)
-    else:  # v itself, the proxy's share only in layers whose v has not formed
-        x = torch.where(lead(v.flatten(1).amax(1) > 0, v.ndim), v, x)
-    floor = TENSOR_FLOOR * x.flatten(1).mean(1)  # rows neither trained nor in the proxy
-    torch.maximum(x, lead(floor, x.ndim), out=x)
+    formed = v.flatten(1).amax(1) > 0
+    if variant == "frozen" and bool(formed.all()):  # v itself: no pass over the proxy's share
+        floor = TENSOR_FLOOR * v.flatten(1).mean(1)  # rows no step has touched
+        x = torch.clamp(v, min=lead(floor, v.ndim))
+    else:
+        # β2·x with x = max(v, (1 − β2)/β2·ḡ²): the fresh gradient's share of the next v, estimated by the proxy's
+        x = gbar.float().square().mul_((1 - beta2) / beta2)
+        if variant == "proxy_in_v":
+            torch.maximum(x, v, out=x)
+        else:  # v itself, the proxy's share only in layers whose v has not formed
+            x = torch.where(lead(formed, v.ndim), v, x)
+        floor = TENSOR_FLOOR * x.flatten(1).mean(1)  # rows neither trained nor in the proxy
+        torch.maximum(x, lead(floor, x.ndim), out=x)
     # 1/(√(β2·x) + ε√bc2) = (1/√β2)·1/(√x + ε√(bc2/β2)): the 1/√β2 joins C (one pass fewer over every weight)
     C = per_layer([lr * (1 - beta1) * math.sqrt(b2 / beta2) / (1 - beta1 ** (s + 1)) for b2, s in zip(bc2, steps)], gbar.device)
     eps_term = lead(per_layer([eps * math.sqrt(b2 / beta2) for b2 in bc2], gbar.device), x.ndim)
