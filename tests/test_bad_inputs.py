@@ -60,7 +60,7 @@ class Metrics(L.Callback):
 def _fit(corpus, callbacks, model: L.LightningModule, steps: int = 2, batch_size: int = 8, ratio: float = 0.5):
     trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=callbacks, logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)
+                        limit_val_batches=0, log_every_n_steps=1)
     dm = PoolDataModule(corpus["pool"], corpus["target"], corpus["val"], seq_len=32, batch_size=batch_size,
                         ratio=ratio, progress=False)
     trainer.fit(model, datamodule=dm)
@@ -146,7 +146,8 @@ def test_domain_names_given_as_strings_reach_the_metrics() -> None:
 
     seen, selector = Metrics(), HighLossSelection(ratio=0.5)
     L.Trainer(accelerator="cpu", max_steps=2, callbacks=[selector, seen], logger=False, enable_checkpointing=False,
-              enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0).fit(Own(CFG, warmup_steps=1))
+              enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0,
+              log_every_n_steps=1).fit(Own(CFG, warmup_steps=1))
     # both domains are logged on every step (0 when none of it is chosen), so no share is a stale one
     assert all(r["select/domain/prose"] + r["select/domain/code"] == pytest.approx(1.0) for r in seen.rows)
     assert sum(selector.domain_counts.values()) == 8 and set(selector.domain_counts) <= {"prose", "code"}

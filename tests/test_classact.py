@@ -60,7 +60,7 @@ def _fit(corpus: dict[str, str], selector: ClassActSelection, steps: int, learne
         callbacks.append(ModelCheckpoint(dirpath=root, every_n_train_steps=ckpt_every, save_top_k=-1))
     trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=callbacks, logger=False, precision=precision,
                         enable_checkpointing=bool(ckpt_every), enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)
+                        limit_val_batches=0, log_every_n_steps=1)
     dm = PoolDataModule(corpus["pool"], corpus["target"], corpus["val"], seq_len=SEQ_LEN, batch_size=16, ratio=0.5,
                         seed=3, progress=False)
     trainer.fit(learner or LitGPT(LEARNER, warmup_steps=1), datamodule=dm, ckpt_path=ckpt_path)

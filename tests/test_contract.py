@@ -2,14 +2,19 @@
 
 from __future__ import annotations
 
+import csv
+from pathlib import Path
+
 import lightning as L
 import pytest
 import torch
+from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.learner.lit_gpt import LitGPT
 from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.core.contract import SuperbatchError, subset_in_place
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import HighLossSelection, RandomSelection
@@ -56,7 +61,7 @@ class ConstantScores(SelectionCallback):
 def _trainer(callbacks, steps: int = 3, **kw) -> L.Trainer:
     return L.Trainer(
         accelerator="cpu", max_steps=steps, callbacks=callbacks, logger=False, enable_checkpointing=False,
-        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, **kw,
+        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0, log_every_n_steps=1, **kw,
     )
 
 
@@ -85,6 +90,29 @@ class Diagnostics(L.Callback):
 
     def on_train_batch_end(self, trainer, pl_module, outputs, batch, batch_idx) -> None:
         self.seen.append(dict(self.selector.last_diagnostics))
+
+
+def test_selection_metrics_reach_the_loggers_on_their_steps_only(tiny_corpus, tmp_path) -> None:
+    """The select/* and throughput scalars are handed to Lightning on the steps it writes logs (every
+    log_every_n_steps), each from that step's micro-batch; the selection's totals count every step."""
+    logged: list[int] = []
+
+    class Spy(RandomSelection):
+        def _metrics(self, *args, **kwargs):
+            logged.append(self.selections)
+            return super()._metrics(*args, **kwargs)
+
+    selector = Spy(ratio=0.5)
+    trainer = L.Trainer(accelerator="cpu", max_steps=6, callbacks=[selector, SelectionDashboard()],
+                        logger=CSVLogger(tmp_path, name="csv"), log_every_n_steps=3, enable_checkpointing=False,
+                        enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
+    trainer.fit(LitGPT(CFG, warmup_steps=1), datamodule=_dm(tiny_corpus))
+    assert logged == [3, 6]  # computed on the 3rd and 6th selections only
+    rows = list(csv.DictReader((Path(trainer.logger.log_dir) / "metrics.csv").open()))
+    steps = sorted({int(r["step"]) for r in rows if r.get("select/kept_fraction")})
+    assert steps == [2, 5]  # Lightning writes steps 3 and 6 (0-based 2 and 5)
+    assert sorted({int(r["step"]) for r in rows if r.get("throughput/update_tokens_per_sec")}) == [2, 5]
+    assert selector.selections == 6 and selector.summary()["kept"] == 6 * 4
 
 
 def test_selection_metrics_are_logged(tiny_corpus) -> None:

@@ -37,7 +37,7 @@ def _fit(corpus, selector, steps: int, optimizer: str = "adamw", batch_size: int
     seen = Metrics()
     trainer = L.Trainer(accelerator="cpu", max_steps=steps, callbacks=[selector, seen, *extra], logger=False,
                         enable_checkpointing=False, enable_progress_bar=False, enable_model_summary=False,
-                        limit_val_batches=0)
+                        limit_val_batches=0, log_every_n_steps=1)
     dm = PoolDataModule(corpus["pool"], corpus["target"], corpus["val"], seq_len=32, batch_size=batch_size,
                         ratio=ratio, progress=False)
     trainer.fit(LitGPT(CFG, optimizer=optimizer, warmup_steps=2), datamodule=dm)

@@ -9,7 +9,7 @@ import lightning as L
 from lightning.pytorch.loggers import WandbLogger
 from typing_extensions import override
 
-from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.callbacks.base import SelectionCallback, logs_this_step
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.core.domains import domain_names
 
@@ -17,10 +17,11 @@ from selection_callbacks.core.domains import domain_names
 class SelectionDashboard(L.Callback):
     """What a selection run looks like while it trains.
 
-    Every micro-batch (through ``pl_module.log_dict``, so CSV, TensorBoard and W&B loggers all
-    get them): ``throughput/candidate_tokens_per_sec`` (tokens the selector scored, all ranks)
-    and ``throughput/update_tokens_per_sec`` (tokens trained on, all ranks), over the time since
-    the previous micro-batch with validation excluded.
+    On the steps the Trainer writes logs (``log_every_n_steps``; through ``pl_module.log_dict``, so CSV,
+    TensorBoard and W&B loggers all get them): ``throughput/candidate_tokens_per_sec`` (tokens the
+    selector scored, all ranks) and ``throughput/update_tokens_per_sec`` (tokens trained on, all ranks),
+    over the time since the previous micro-batch with validation excluded; the means in the run
+    summary count every micro-batch.
 
     With a :class:`~lightning.pytorch.loggers.WandbLogger`, rank zero also logs, every
     ``histogram_every`` steps, ``selection/scores_chosen`` and ``selection/scores_rejected``
@@ -84,6 +85,7 @@ class SelectionDashboard(L.Callback):
             self._totals["seconds"] += seconds
             self._totals["candidate_tokens"] += candidates * tokens
             self._totals["update_tokens"] += updates * tokens
+        if self._last_time is not None and tokens and logs_this_step(trainer):
             pl_module.log_dict(
                 {
                     "throughput/candidate_tokens_per_sec": candidates * tokens / seconds,
