@@ -173,6 +173,11 @@ def test_adamw_rank1_factor_error_is_reported() -> None:
     got = GhostEngine(model, sketch_dim=128).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
     assert set(got.factor_error) == {n for n, _ in scored_layers(model)}
     assert all(0.0 < e < 1.0 for e in got.factor_error.values())
+    quiet = GhostEngine(model, sketch_dim=128).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt),
+                                                     factor_errors=False)  # the diagnostic left out, nothing else
+    assert quiet.factor_error == {} and quiet.factored == got.factored
+    assert quiet.relative_factor_error.keys() == got.relative_factor_error.keys()
+    assert torch.equal(quiet.utilities, got.utilities) and torch.equal(quiet.sketches, got.sketches)
     fc = [model.blocks[0].mlp.fc.weight, model.blocks[1].mlp.fc.weight]
     P = OptimizerPreconditioner(opt)(fc, torch.randn(2, *fc[0].shape))
     r, c = P.rank1()

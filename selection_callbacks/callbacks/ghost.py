@@ -22,7 +22,7 @@ import numpy as np
 import torch
 from typing_extensions import override
 
-from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.callbacks.base import SelectionCallback, logs_this_step
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss, needs_target_batch
 from selection_callbacks.core.selection import Scores
 from selection_callbacks.core.rng import derived_seed, micro_batch_generator
@@ -255,7 +255,8 @@ class GhostSelection(SelectionCallback):
         diagnose = self.diagnostic_call()
         loss_fn = lambda b: per_sample_loss(pl_module, b)
         probe = self.sketch_check if diagnose else 0
-        self._last = self.engine.score(loss_fn, rows, n, self.preconditioner(trainer, k), self.seed, probe)
+        self._last = self.engine.score(loss_fn, rows, n, self.preconditioner(trainer, k), self.seed, probe,
+                                       factor_errors=logs_this_step(trainer))  # read only by the logged metrics
         self._count_passes(rows["input_ids"].numel())
         self._check = self._diagnose(trainer, k, loss_fn, rows, n) if diagnose else None
         return _scores_of(self._last, n, type(self).__name__)
@@ -298,7 +299,7 @@ class GhostSelection(SelectionCallback):
         if self._last.relative_factor_error:  # AdamW layers: the rank-1 map's ρ, and how many sketches used it
             out["select/factor_rho"] = float(torch.stack(list(self._last.relative_factor_error.values())).mean())
             out["select/factored_layers"] = float(len(self._last.factored))
-        if self._last.factored:  # ‖D − r cᵀ‖/‖D‖ of the layers sketched through the factors (not the sketch's error)
+        if self._last.factored and self._last.factor_error:  # ‖D − r cᵀ‖/‖D‖ of the factored layers (not the sketch's error)
             out["select/factor_error"] = float(torch.stack([self._last.factor_error[n] for n in self._last.factored]).mean())
         return out
 

@@ -64,8 +64,8 @@ class GhostScores:
         losses: [R] per-row losses (candidates then proxy).
         sketches: [N, m] or None.
         sq_norms: [N] Σ_layers ‖P G_i‖² or None.
-        factor_error: layer name → ‖D − r cᵀ‖_F/‖D‖_F of AdamW's rank-1 factorisation (tensor/two-sided sketches);
-            not the sketch's error (see ``relative_factor_error``, ``sketch_error``).
+        factor_error: layer name → ‖D − r cᵀ‖_F/‖D‖_F of AdamW's rank-1 factorisation (tensor/two-sided sketches;
+            empty when ``score(factor_errors=False)``); not the sketch's error (see ``relative_factor_error``, ``sketch_error``).
         relative_factor_error: layer name → ρ of that factorisation (:attr:`DiagonalMap.relative_factor_error`).
         factored: the AdamW layers whose sketch went through the rank-1 factors (the rest were formed exactly).
         sketch_error: with ``probe`` = k: ``"gram"``, the mean over the k(k−1)/2 pairs of
@@ -246,6 +246,7 @@ class GhostEngine:
         preconditioner: Resolver,
         seed: int = 0,
         probe: int = 0,
+        factor_errors: bool = True,
     ) -> GhostScores:
         """Scores of ``rows`` (candidates first, then ≥ 1 proxy rows).
 
@@ -253,6 +254,8 @@ class GhostEngine:
         first c candidates and the proxy rows (which fix each layer's P and Q), then one per
         further chunk of c candidates. ``probe`` = k ≥ 2 (with sketches) also forms P G_i of the first
         min(k, c) candidates in every layer and reports the sketch's error on them (``sketch_error``).
+        ``factor_errors`` = False leaves out ``GhostScores.factor_error`` (a diagnostic: one pass over each
+        AdamW layer's D); ρ, which picks the sketch path, is always computed.
         """
         n_rows = rows["input_ids"].shape[0]
         if not 0 < n_candidates < n_rows:
@@ -261,6 +264,7 @@ class GhostEngine:
         c = min(self.candidate_chunk or n_candidates, n_candidates)
         first = rows if c == n_candidates else take_rows(rows, torch.cat([torch.arange(c), torch.arange(n_candidates, n_rows)]), n_rows)
         head = _PassState(c, n_rows - n_candidates, preconditioner, seed, maps)
+        head.factor_errors = factor_errors
         head.probe = min(probe, c) if self.sketch_dim and probe >= 2 else 0
         passes = [self._pass(loss_fn, first, head)]
         for lo in range(c, n_candidates, c):
@@ -283,7 +287,7 @@ class GhostEngine:
             sq_norms=torch.cat(norms) if norms else None,
             factor_error=per_layer("factor_error"),
             relative_factor_error=per_layer("relative_factor_error"),
-            factored=sorted((name for names, m in maps.items() if m.factor_error is not None and m.factored for name in names),
+            factored=sorted((name for names, m in maps.items() if m.relative_factor_error is not None and m.factored for name in names),
                             key=self._index.__getitem__),
             sketch_error=_probe_errors(sketches[0][: head.probe], head.probe_gram) if head.probe else {},
             shared=passes[0].shared,
@@ -464,15 +468,17 @@ class GhostEngine:
             gbar_bias = out[:, n:].sum(2).mean(1)
             maps.bias_pre = state.resolve([m.bias for m in modules], gbar_bias)
             maps.Q_bias = maps.bias_pre.utility_vector(gbar_bias)
-        self._choose_sketch_path(maps)
+        self._choose_sketch_path(maps, state.factor_errors)
         return maps
 
-    def _choose_sketch_path(self, maps: "_LayerMaps") -> None:
-        """For an AdamW map sketched by hashing: its factor errors, and whether the sketch goes through the rank-1
-        factors (two-sided always; tensor where ρ ≤ ``factor_tolerance``) or through the formed P G_i."""
+    def _choose_sketch_path(self, maps: "_LayerMaps", factor_errors: bool) -> None:
+        """For an AdamW map sketched by hashing: its ρ (and, if asked, its Frobenius factor error), and whether the
+        sketch goes through the rank-1 factors (two-sided always; tensor where ρ ≤ ``factor_tolerance``) or through
+        the formed P G_i."""
         pre = maps.pre
         if self.sketch_dim and self.sketch != "count" and isinstance(pre, DiagonalMap):
-            maps.factor_error, maps.relative_factor_error = pre.factor_error, pre.relative_factor_error
+            maps.relative_factor_error = pre.relative_factor_error
+            maps.factor_error = pre.factor_error if factor_errors else None
             maps.factored = self.sketch == "two_sided" or (
                 self.factor_tolerance > 0 and float(maps.relative_factor_error.max()) <= self.factor_tolerance)
 
@@ -504,7 +510,7 @@ class GhostEngine:
             if any(kind == "embedding" for kind, *_ in uses) and not isinstance(pre, (DiagonalMap, ScalarMap)):
                 raise TypeError(f"embedding {first!r} is preconditioned by {type(pre).__name__}; only elementwise maps apply")
             maps = state.maps[(first,)] = _LayerMaps(pre, pre.utility_vector(gbar))
-            self._choose_sketch_path(maps)
+            self._choose_sketch_path(maps, state.factor_errors)
         if N == 0:
             return
         pre, u, mats = maps.pre, 0.0, []
@@ -668,6 +674,7 @@ class _PassState:
         self.sq_norms: torch.Tensor | None = None
         self.probe = 0  # candidates whose exact Gram this pass accumulates
         self.probe_gram: torch.Tensor | None = None
+        self.factor_errors = True  # whether the pass that fixes the maps reports AdamW's Frobenius factor errors
         self.calls: list[nn.Module] | None = None  # the linear layers' forwards in order, on the engine's first pass
         self.root_call = 0  # the earliest scored layer's place in ``calls``
 
