@@ -47,10 +47,10 @@ def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
         raise SystemExit(f"{run_dir}: fewer than two validation points; raise --steps or --evals")
     steps = (len(walls) - 1) * eval_every
     per_step = (walls[-1] - walls[0]) / steps
-    selected = dict((tokens, seconds) for tokens, seconds in m.get("selection_curve", []))
+    selected = dict(m.get("selection_curve", []))  # update tokens → the selection's cumulative seconds
     first, last = m["curve"][0][0], m["curve"][-1][0]
     selection = (selected[last] - selected[first]) / steps if first in selected and last in selected else None
-    sel = m.get("selection") or {}
+    sel, machine = m.get("selection") or {}, m.get("machine") or {}
     model = modelled_cost(m)
     return {
         "modelled_ratio": model["ratio"],
@@ -61,8 +61,8 @@ def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
         "fixed_seconds": walls[0] - per_step * eval_every,
         "wall_seconds": m["wall_seconds"],
         "selection_fraction": float(sel.get("overhead_seconds", 0.0)) / m["wall_seconds"] if m["wall_seconds"] else 0.0,
-        "cpu": (m.get("machine") or {}).get("cpu"),
-        "other_cpus": (m.get("machine") or {}).get("other_cpus"),
+        "cpu": machine.get("cpu"),
+        "other_cpus": machine.get("other_cpus"),
     }
 
 

@@ -85,16 +85,16 @@ class SelectionDashboard(L.Callback):
             self._totals["seconds"] += seconds
             self._totals["candidate_tokens"] += candidates * tokens
             self._totals["update_tokens"] += updates * tokens
-        if self._last_time is not None and tokens and logs_this_step(trainer):
-            pl_module.log_dict(
-                {
-                    "throughput/candidate_tokens_per_sec": candidates * tokens / seconds,
-                    "throughput/update_tokens_per_sec": updates * tokens / seconds,
-                },
-                on_step=True,
-                on_epoch=False,
-                batch_size=batch["input_ids"].shape[0],
-            )
+            if logs_this_step(trainer):
+                pl_module.log_dict(
+                    {
+                        "throughput/candidate_tokens_per_sec": candidates * tokens / seconds,
+                        "throughput/update_tokens_per_sec": updates * tokens / seconds,
+                    },
+                    on_step=True,
+                    on_epoch=False,
+                    batch_size=batch["input_ids"].shape[0],
+                )
         self._last_time = now
         if self._selector is not None:
             self._diagnostics.update(self._selector.last_diagnostics)

@@ -29,7 +29,7 @@ class OPUSSelection(GhostSelection):
     member of a full selected set loses γ standard deviations of utility. Selection draws K
     times i ∝ exp(g_i/τ) and then g_j ← g_j − I_ij (τ = 0: greedy).
 
-    Logs the raw utility scale every step and, on diagnostic selections (``diagnostics_every``),
+    Logs the raw utility scale on the Trainer's logging steps and, on diagnostic selections (``diagnostics_every``),
     ``select/ess``, ``select/redundancy_changed`` (the share of the choice the penalty changed,
     against the same draws without it) and :class:`GhostSelection`'s trust diagnostics.
 
