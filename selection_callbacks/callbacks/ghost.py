@@ -101,6 +101,8 @@ class GhostSelection(SelectionCallback):
         sketch: ``"tensor"``, ``"count"`` or ``"two_sided"`` (see :class:`GhostEngine`).
         candidate_chunk: score candidates in passes of at most this many rows (the proxy rows ride
             with the first): activation memory flat in N (None: one pass over all rows, fastest).
+        stack_layers: score same-shaped layers of one optimizer group as one stack (see :class:`GhostEngine`;
+            None: the engine's default).
         factor_tolerance: AdamW layers are tensor-sketched through their rescaled rank-1 factors only where the
             factorisation's relative error ρ is at most this (0: P G_i always formed; see :class:`GhostEngine`).
         sketch_check: candidates whose exact P G_i are formed to measure the sketch's real error
@@ -129,6 +131,7 @@ class GhostSelection(SelectionCallback):
         layers: list[str] | None = None,
         sketch: str = "tensor",
         candidate_chunk: int | None = None,
+        stack_layers: bool | None = None,
         factor_tolerance: float = FACTOR_TOLERANCE,
         sketch_check: int = 8,
         reliability: bool = True,
@@ -146,7 +149,7 @@ class GhostSelection(SelectionCallback):
             raise ValueError(f"reliability=True splits the proxy rows in two halves: proxy_batch_size must be ≥ 2, "
                              f"got {proxy_batch_size} (or pass reliability=False)")
         self.score_len, self.sketch_dim, self.proxy_batch_size = score_len, sketch_dim, proxy_batch_size
-        self.proxy_path, self.sketch, self.candidate_chunk = proxy, sketch, candidate_chunk
+        self.proxy_path, self.sketch, self.candidate_chunk, self.stack_layers = proxy, sketch, candidate_chunk, stack_layers
         self.factor_tolerance, self.sketch_check, self.reliability = factor_tolerance, sketch_check, reliability
         self.diagnostics: list[dict[str, float]] = []  # one entry per diagnostic selection
         self.include_embedding, self.include_head = include_embedding, include_head
@@ -167,11 +170,12 @@ class GhostSelection(SelectionCallback):
         exclude = excluded_layers(module, self.include_embedding, self.include_head, self.layers)
         self.engine = GhostEngine(
             module, self.include_embedding, self.include_head, self.sketch_dim, self.sketch,  # type: ignore[arg-type]
-            exclude=exclude, candidate_chunk=self.candidate_chunk, factor_tolerance=self.factor_tolerance,
+            exclude=exclude, candidate_chunk=self.candidate_chunk, stack_layers=self.stack_layers,
+            factor_tolerance=self.factor_tolerance,
         )
         if self.reliability:  # the split halves read only utilities
             self._halves_engine = GhostEngine(module, self.include_embedding, self.include_head, exclude=exclude,
-                                              candidate_chunk=self.candidate_chunk)
+                                              candidate_chunk=self.candidate_chunk, stack_layers=self.stack_layers)
         if self.proxy_path is not None:
             self._proxy_split = self._load_proxy(getattr(trainer, "datamodule", None))
             check_vocabulary(self._proxy_split, module, f"proxy={self.proxy_path}")
