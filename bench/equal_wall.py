@@ -6,7 +6,8 @@
 A comparison's own wall-clock is only as fair as the machine was quiet while each run trained
 (runs made at different times, or side by side, see different load). ``bench.steptime`` measures
 each method's step time against random's in one interleaved run instead. With that ratio r
-(median over repeats), a method's wall-clock after s steps is r·s random steps, so in random's
+(the median over repeats of the in-run ratio, which splits each run's own steps into selection and the
+rest so that the host's drift between runs cancels; the run-against-run ratio for timings without it), a method's wall-clock after s steps is r·s random steps, so in random's
 wall-clock W it trains on tokens(W)/r update tokens. Per paired seed this reports:
 
 - its val bpb at random's full wall-clock: its curve over update tokens, interpolated at random's
@@ -51,7 +52,7 @@ def equal_wall(results: dict[str, Any], steptime: dict[str, Any]) -> dict[str, d
     for name, entry in results["methods"].items():
         if name not in steptime["methods"]:
             continue
-        ratio = float(steptime["methods"][name]["ratio_to_random_median"])
+        ratio = step_time_ratio(steptime["methods"][name])
         runs = [r for r in entry["runs"] if r["seed"] in random_runs]
         at_wall, diffs, wall_to, charged = [], [], [], []
         for r in runs:
@@ -70,6 +71,13 @@ def equal_wall(results: dict[str, Any], steptime: dict[str, Any]) -> dict[str, d
     return out
 
 
+def step_time_ratio(timed: dict[str, Any]) -> float:
+    """The method's step time over random's: the in-run ratio where the timing has one (each run's own steps split
+    into selection and the rest, so the host's drift between runs cancels), else the run-against-run median."""
+    in_run = timed.get("in_run_ratio_median")
+    return float(timed["ratio_to_random_median"] if in_run is None else in_run)
+
+
 def one_off_fraction(run: dict[str, Any], base: dict[str, Any], name: str, steptime: dict[str, Any]) -> float:
     """f = in-run start-up / random's run in the quiet timing + prepare seconds / random's wall-clock in the comparison."""
     timed, random = steptime["methods"][name], steptime["methods"]["random"]
@@ -82,7 +90,8 @@ def markdown(summary: dict[str, dict[str, Any]], results_path: Path, steptime_pa
     lines = [
         "# Equal wall-clock against random",
         "",
-        f"Curves from `{results_path}`, step-time ratios from `{steptime_path}` (`python -m bench.equal_wall`). "
+        f"Curves from `{results_path}`, step-time ratios from `{steptime_path}` (in-run where it has them; "
+        "`python -m bench.equal_wall`). "
         "Δ: val bpb at random's full wall-clock minus random's final bpb, paired by seed (negative is better).",
         "",
         "| method | step time × | seeds | val bpb at random's wall-clock | Δ vs random | p | better in | wall-clock to random's final bpb, one-offs amortised | one-offs charged |",

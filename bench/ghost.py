@@ -100,6 +100,9 @@ class FrozenUtilities:
     def group_key(self, param: torch.nn.Parameter):
         return self.resolve.group_key(param)
 
+    def stacks(self, param: torch.nn.Parameter) -> bool:
+        return self.resolve.stacks(param)
+
     def __call__(self, params, gbar: torch.Tensor, step=None) -> Preconditioner:
         pre = self.resolve(params, gbar)
         pre.utility_vector = pre.apply

@@ -176,6 +176,9 @@ class AtBaseBatch:
     def group_key(self, param):
         return self.inner.group_key(param)
 
+    def stacks(self, param):
+        return self.inner.stacks(param)
+
     def __call__(self, params, gbar, step=None):
         batch = torch.stack([self.g_base[self.names[id(p)]].float() for p in params])[None]
         return self.inner(params, gbar, SimpleNamespace(mean_gradients=lambda rows, draws, mirrored: batch) if step is not None else None)
@@ -190,6 +193,9 @@ class FrozenMaps:
 
     def group_key(self, param):
         return self.inner.group_key(param)
+
+    def stacks(self, param):
+        return self.inner.stacks(param)
 
     def __call__(self, params, gbar, step=None):
         pre = self.inner(params, gbar)

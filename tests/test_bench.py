@@ -236,7 +236,7 @@ def test_offline_prepare_reselects_when_its_inputs_change(tiny_corpus, tmp_path)
 
 
 def test_equal_wall_uses_the_interleaved_step_time_ratio(tmp_path) -> None:
-    """A method 25% slower per step is judged at random's tokens / 1.25; the run's own wall-clock is ignored."""
+    """A method 25% slower per step (in-run) is judged at random's tokens / 1.25; the run's own wall-clock is ignored."""
     from bench.equal_wall import equal_wall, main as equal_wall_main
 
     def run(seed, bpbs, wall_per_token, one_off=0.0):
@@ -251,8 +251,10 @@ def test_equal_wall_uses_the_interleaved_step_time_ratio(tmp_path) -> None:
     # random: 10 update tokens a step at 0.2 s → 50 steps, 10 s a run; m starts 3 s later than random (an in-run start-up)
     steptime = {"config": {"optimizer": "muon", "ratio": 0.5, "tokens_per_step": 10},
                 "methods": {"random": {"ratio_to_random_median": 1.0, "step_ms_median": 200.0, "fixed_seconds_median": 0.5},
-                            "m": {"ratio_to_random_median": 1.25, "step_ms_median": 250.0, "fixed_seconds_median": 3.5}}}
+                            "m": {"ratio_to_random_median": 1.6, "in_run_ratio_median": 1.25, "step_ms_median": 250.0,
+                                  "fixed_seconds_median": 3.5}}}
     s = equal_wall(results, steptime)["m"]
+    assert s["step_time_ratio"] == 1.25  # the in-run ratio, not the run-against-run one
     # 500 tokens / 1.25 = 400 tokens: seed 0 is at 2.8 (Δ 0), seed 1 at 2.95 (Δ +0.05)
     assert s["bpb_at_random_wall"] == pytest.approx([2.8, 2.95])
     assert s["diff_mean"] == pytest.approx(0.025) and s["better_seeds"] == 0
@@ -260,6 +262,9 @@ def test_equal_wall_uses_the_interleaved_step_time_ratio(tmp_path) -> None:
     assert s["wall_to_random"] == pytest.approx([1.0, 1.25 * 0.9])
     # charged: + 3 s / 10 s of start-up, + the prepare's 100 s (50 s) over random's 500 s wall-clock in the comparison
     assert s["wall_to_random_charged"] == pytest.approx([1.0 + 0.3 + 0.2, 1.25 * 0.9 + 0.3 + 0.1])
+    steptime["methods"]["m"]["in_run_ratio_median"] = None  # a timing without it: the run-against-run ratio
+    assert equal_wall(results, steptime)["m"]["step_time_ratio"] == 1.6
+    steptime["methods"]["m"]["in_run_ratio_median"] = 1.25
     (tmp_path / "r.json").write_text(json.dumps(results))
     steptime["config"]["optimizer"] = "adamw"
     (tmp_path / "s.json").write_text(json.dumps(steptime))

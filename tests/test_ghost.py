@@ -30,7 +30,7 @@ STACK_BY_DEFAULT = ghost.stack_by_default  # the engine's own rule (the fixture 
 @pytest.fixture(autouse=True, params=["stacked", "per_layer"])
 def stacking(request, monkeypatch) -> str:
     """Every engine test runs with same-shaped layers stacked (the accelerator default) and one by one (CPU's)."""
-    monkeypatch.setattr(ghost, "stack_by_default", lambda device: request.param == "stacked")
+    monkeypatch.setattr(ghost, "stack_by_default", lambda device, resolve, param: request.param == "stacked")
     return request.param
 
 
@@ -508,15 +508,20 @@ def test_layers_are_scored_inside_the_backward_and_release_their_captures(stack:
         assert set(map(len, groups)) == {1} and max(held) == 0  # each b is scored and dropped on arrival
 
 
-def test_layers_stack_by_default_on_accelerators_only(monkeypatch) -> None:
-    """stack_layers=None: stacked on accelerators, one by one on CPU."""
+@pytest.mark.parametrize("optimizer, stacked", [("adamw", False), ("muon", True)])
+def test_layers_stack_by_default_on_accelerators_and_under_muon(monkeypatch, optimizer: str, stacked: bool) -> None:
+    """stack_layers=None: stacked on accelerators; on CPU only the layers Muon steps (its maps gain from a stack),
+    the others one by one."""
     monkeypatch.setattr(ghost, "stack_by_default", STACK_BY_DEFAULT)
-    assert STACK_BY_DEFAULT(torch.device("cuda")) and not STACK_BY_DEFAULT(torch.device("cpu"))
     groups, group_scores = [], GhostEngine._group_scores
     monkeypatch.setattr(GhostEngine, "_group_scores", lambda self, names, state: (groups.append(names), group_scores(self, names, state)))
-    model, opt = trained("adamw")
-    GhostEngine(model).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
-    assert groups and set(map(len, groups)) == {1}
+    model, opt = trained(optimizer)
+    resolve = OptimizerPreconditioner(opt)
+    for _, module in scored_layers(model):
+        assert STACK_BY_DEFAULT(torch.device("cuda"), resolve, module.weight)
+        assert STACK_BY_DEFAULT(torch.device("cpu"), resolve, module.weight) is stacked
+    GhostEngine(model).score(row_losses(model), rows(), N_CAND, resolve)
+    assert set(map(len, groups)) == ({2} if stacked else {1})  # the two blocks' same-shaped layers
 
 
 @pytest.mark.parametrize("pattern", [None, ["blocks.1.*"], ["blocks.1.mlp.*"]])

@@ -36,7 +36,7 @@ MODELS = [("llama", True), ("llama", False), ("gpt2", True), ("gpt2", False), ("
 @pytest.fixture(params=["stacked", "per_layer"])
 def stacking(request, monkeypatch) -> str:
     """An engine test that asks for it runs with same-shaped layers stacked (the accelerator default) and one by one (CPU's)."""
-    monkeypatch.setattr(ghost, "stack_by_default", lambda device: request.param == "stacked")
+    monkeypatch.setattr(ghost, "stack_by_default", lambda device, resolve, param: request.param == "stacked")
     return request.param
 
 

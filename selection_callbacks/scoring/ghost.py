@@ -191,7 +191,8 @@ class GhostEngine:
             Scores equal one pass's, except where a map draws the step's batch (Muon's batch point):
             it draws from the first chunk's candidates.
         stack_layers: score same-shaped layers of one optimizer group as one stack (None: on
-            accelerators, not on CPU, where it copies the captures and saves no launches).
+            accelerators; on a CPU, where it copies the captures and saves no launches, only the
+            layers whose map gains from it, Muon's: :func:`stack_by_default`).
     """
 
     def __init__(
@@ -305,8 +306,7 @@ class GhostEngine:
                 losses = loss_fn(rows)
                 if not state.roots:
                     raise RuntimeError("ghost capture: no scored layer ran with gradients enabled")
-                stack = self.stack_layers if self.stack_layers is not None else stack_by_default(losses.device)
-                for names in self._groups(state, stack):
+                for names in self._groups(state):
                     state.group_of.update((name, names) for name in names)
                 if state.calls is not None:
                     self._backward_flops = linear_flops_per_token(state.calls[state.root_call :])
@@ -366,11 +366,11 @@ class GhostEngine:
             with torch.no_grad(), torch.autocast(grad.device.type, enabled=False):
                 self._group_scores(names, state)
 
-    def _groups(self, state: "_PassState", stack: bool) -> list[tuple[str, ...]]:
+    def _groups(self, state: "_PassState") -> list[tuple[str, ...]]:
         """Captured layers grouped for stacking (after the forward, before the backward): same weight
         and bias shapes, optimizer groups and captured shapes, split so that one stack holds at most
         ``STACK_ROW_ELEMENTS`` numbers per row (the split depends on per-row sizes only, so every pass
-        of a scoring call groups alike). Without ``stack`` every layer is its own group.
+        of a scoring call groups alike). A layer that does not stack (``stack_layers``) is its own group.
 
         Embeddings stay alone (their sketch and norm paths are per table); the layers sharing one weight
         form one group of their own (:meth:`_tied_scores`).
@@ -381,7 +381,7 @@ class GhostEngine:
                 continue
             if name in self._tied:  # one weight, one group of its uses
                 key: tuple = self._tied[name]
-            elif isinstance(module, nn.Embedding) or not stack:
+            elif isinstance(module, nn.Embedding) or not self._stacks(module.weight, state.resolve):
                 key = (name,)
             else:
                 bias = module.bias
@@ -400,6 +400,9 @@ class GhostEngine:
                 members.append(name)
             out.append(tuple(members))
         return out
+
+    def _stacks(self, weight: torch.Tensor, resolve: Resolver) -> bool:
+        return self.stack_layers if self.stack_layers is not None else stack_by_default(weight.device, resolve, weight)
 
     # ---- per-group math ----
     def _group_scores(self, names: tuple[str, ...], state: "_PassState") -> None:
@@ -715,9 +718,11 @@ def _linear_utilities(B: torch.Tensor, A: torch.Tensor, Q: torch.Tensor) -> torc
     return (rows_matmul(B, Q).mul_(A) if A.shape[-1] <= B.shape[-1] else rows_matmul(A, Q.mT).mul_(B)).sum((2, 3))
 
 
-def stack_by_default(device: torch.device) -> bool:
-    """Stack same-shaped layers on accelerators (launch-bound), not on CPU (copies, no launches saved)."""
-    return device.type != "cpu"
+def stack_by_default(device: torch.device, resolve: Resolver, param: torch.nn.Parameter) -> bool:
+    """Stack same-shaped layers on accelerators (launch-bound). On a CPU, where stacking copies the captures and saves
+    no launches, only where the map does many small operations per matrix (``resolve.stacks``: Muon's eigendecomposition
+    and scalar recursion, one per stack instead of one per layer)."""
+    return device.type != "cpu" or resolve.stacks(param)
 
 
 def _stack(tensors: list[torch.Tensor]) -> torch.Tensor:
