@@ -5,10 +5,11 @@
 
 A comparison's own wall-clock is only as fair as the machine was quiet while each run trained
 (runs made at different times, or side by side, see different load). ``bench.steptime`` measures
-each method's step time against random's in one interleaved run instead. With that ratio r
-(the median over repeats of the in-run ratio, which splits each run's own steps into selection and the
-rest so that the host's drift between runs cancels; the run-against-run ratio for timings without it), a method's wall-clock after s steps is r·s random steps, so in random's
-wall-clock W it trains on tokens(W)/r update tokens. Per paired seed this reports:
+each method's step time against random's in one interleaved run instead. With that ratio r (the
+median over repeats of the in-run ratio, which splits each run's own steps into selection and the
+rest so that the host's drift between runs cancels; the run-against-run ratio for timings without
+it), a method's wall-clock after s steps is r·s random steps, so in random's wall-clock W it trains
+on tokens(W)/r update tokens. Per paired seed this reports:
 
 - its val bpb at random's full wall-clock: its curve over update tokens, interpolated at random's
   total tokens / r (paired t-test against random's final bpb; negative is better);
