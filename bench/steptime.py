@@ -168,14 +168,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
              "|---|---:|---:|---|---|---:|---:|---:|---|---:|---:|---:|"]
     for name, s in summary.items():
         parts = ", ".join(f"{k} {v:.2f}" for k, v in s["modelled_parts"].items()) or "none"
-        in_run = s["in_run_ratio_median"]
+        in_run, modelled = s["in_run_ratio_median"], s["modelled_ratio"]
+        in_run_cells = ("–", "–") if in_run is None else (
+            f"{in_run:.2f} ({', '.join(f'{x:.2f}' for x in s['in_run_ratios'])})", f"{in_run - modelled:+.2f}")
         lines.append(f"| {name} | {s['step_ms_median']:.1f} | {s['ratio_to_random_median']:.2f} | "
-                     f"{', '.join(f'{x:.2f}' for x in s['ratios'])} | "
-                     + ("–" if in_run is None else f"{in_run:.2f} ({', '.join(f'{x:.2f}' for x in s['in_run_ratios'])})")
-                     + f" | {s['modelled_ratio']:.2f} | {s['ratio_to_random_median'] - s['modelled_ratio']:+.2f} | "
-                     + ("–" if in_run is None else f"{in_run - s['modelled_ratio']:+.2f}")
-                     + f" | {parts} | {s['one_off_steps']:.0f} | {s['fixed_seconds_median']:.1f} | "
-                     f"{s['selection_fraction_median']:.0%} |")
+                     f"{', '.join(f'{x:.2f}' for x in s['ratios'])} | {in_run_cells[0]} | {modelled:.2f} | "
+                     f"{s['ratio_to_random_median'] - modelled:+.2f} | {in_run_cells[1]} | {parts} | {s['one_off_steps']:.0f} | "
+                     f"{s['fixed_seconds_median']:.1f} | {s['selection_fraction_median']:.0%} |")
     lines += ["", machine_line(rows)]
     (out / "steptime.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

@@ -561,10 +561,13 @@ class GhostEngine:
         if not maps.factored:  # AdamW beyond the tolerance: the tensor sketch's hash on the formed P G_i
             weights = pre.apply(sketcher.signs())  # C·D ⊙ s1(o)s2(i): the map and the hash's signs in one pass
             rows = max(1, MATERIALISED_ELEMENTS // weights[0].numel())
-            # layer by layer (each layer's own sketcher hashes as the stack's does), so a chunk stays in cache
-            return sum(torch.cat([self._sketcher((name,), cls, d_out, d_in, state.seed, B.device).signed_matrices(
-                torch.einsum("lnto,lnti->nloi", B[k : k + 1, i : i + rows], A[k : k + 1, i : i + rows]).mul_(weights[k : k + 1]))
-                for i in range(0, B.shape[1], rows)]) for k, name in enumerate(names))
+            sketches = []  # layer by layer (each layer's own sketcher hashes as the stack's does), so a chunk stays in cache
+            for k, name in enumerate(names):
+                layer = self._sketcher((name,), cls, d_out, d_in, state.seed, B.device)
+                sketches += [layer.signed_matrices(torch.einsum("lnto,lnti->nloi", B[k : k + 1, i : i + rows],
+                                                                A[k : k + 1, i : i + rows]).mul_(weights[k : k + 1]))
+                             for i in range(0, B.shape[1], rows)]
+            return torch.cat(sketches).view(len(names), B.shape[1], -1).sum(0)
         if hasattr(pre, "token_scales"):  # elementwise token factors: fold the scales into the hashes' signs
             return sketcher(B, A, *pre.token_scales())
         return sketcher(*pre.token_factors(B, A))
