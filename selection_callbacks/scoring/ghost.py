@@ -658,8 +658,8 @@ class CandidateDraws:
         mean = self.B.flatten(1, 2).mT @ self.A.flatten(1, 2) / n
         tall = mean.shape[-2] > mean.shape[-1]
         side, other, wide = (self.A, self.B, mean.mT) if tall else (self.B, self.A, mean)
-        weighted = (other @ other.mT) @ side  # [L, n, T, d]
-        second = side.flatten(1, 2).mT @ weighted.flatten(1, 2)
+        # layer by layer: each layer's rows are contiguous where the stack's (a slice of the pass's rows) are not
+        second = torch.stack([s.flatten(0, 1).mT @ ((o @ o.mT) @ s).flatten(0, 1) for s, o in zip(side, other)])
         cov = (second - n * (wide @ wide.mT)) / max(n - 1, 1)
         return mean, (cov + cov.mT) / 2, n
 
