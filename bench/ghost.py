@@ -129,7 +129,8 @@ MAP_VARIANTS = {
     "engine_muon_mirrored": prepare_engine_with(
         lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2, muon_draws=2, muon_mirrored=True)),
     "engine_muon_momentum": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt)),
-    "engine_muon_moments": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2, muon_moments=True)),
+    "engine_muon_moments": prepare_engine_with(
+        lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2, muon_moments=True)),
     "engine_muon_frozen": prepare_engine_with(lambda opt, args: FrozenUtilities(opt)),
 }
 

@@ -80,15 +80,15 @@ def test_utilities_rank_like_the_real_step(name: str, two_threads) -> None:
     for step in STEPS:
         print(f"{name} step {step}: median Spearman", {k: round(v, 3) for k, v in medians[step].items()})
     # AdamW's map is the same at every Muon point; under Muon, step 5's readings agree across hosts to 3 decimals
-    assert medians[5]["batch"] >= 0.9, rho[5]
+    assert medians[5]["batch"] >= 0.9 and medians[5]["moments"] >= 0.9, rho[5]
     if name == "adamw":
         assert medians[300]["batch"] >= 0.9, rho[300]
         return
     # Step 300 under Muon: 300 steps of torch's bfloat16 Newton–Schulz amplify the host's rounding (AMX or not) into
     # other states. At the point the reference step really orthogonalises, the engine's derivative ranks like the
     # real step on every host (0.974–0.986); the points the engine can use read, seeds 0–2 at 2 threads, momentum
-    # 0.870 / 0.809, 8 draws 0.936 / 0.873 on two hosts (bench/results/ghost/README.md), so here they are only
-    # held above chance by a margin, and the frozen map below the derivative at step 5 (0.72)
+    # 0.870 / 0.809, 8 draws 0.936 / 0.873 on two hosts (moments 0.955 on the first; bench/results/ghost/README.md),
+    # so here they are only held above chance by a margin, and the frozen map below the derivative at step 5 (0.72)
     assert medians[300]["at_base_batch"] >= 0.95, rho[300]
     assert min(medians[300][k] for k in ("momentum", "mirrored", "batch", "moments")) >= 0.75, rho[300]
     assert medians[5]["frozen"] < medians[5]["momentum"] - 0.1, rho[5]

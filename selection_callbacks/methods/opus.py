@@ -51,11 +51,12 @@ class OPUSSelection(GhostSelection):
             drawn batches alone set the point) or ``"moments"`` (one point carrying such a batch's
             expected first and second moments, estimated from the candidates: the share of their mean
             gradient that stands above its noise in the momentum, the rest of the batch's second moment in
-            Newton–Schulz's Gram matrix; one vector–Jacobian product per matrix). Against the real step's marginal effects on a tiny GPT,
-            median Spearman over 24 states (12 seeds at 2 and at 1 thread) at steps 5 / 50 / 300
-            (bench/results/ghost/README.md): momentum 0.915 / 0.844 / 0.875, batch with 8 independent
-            draws 0.927 / 0.889 / 0.909, with one mirrored pair 0.929 / 0.907 / 0.882, with four pairs
-            0.928 / 0.919 / 0.909.
+            Newton–Schulz's Gram matrix; one vector–Jacobian product per matrix, plus the candidates' mean
+            gradient and covariance). Against the real step's marginal effects on a tiny GPT, median
+            Spearman over 24 seeds (0–23, 2 threads) at steps 5 / 50 / 300 (bench/results/ghost/README.md):
+            momentum 0.912 / 0.755 / 0.893, moments 0.928 / 0.856 / 0.918, batch with 8 independent draws
+            0.928 / 0.881 / 0.926, with one mirrored pair 0.929 / 0.894 / 0.928; on cpu-tiny's step they
+            cost 1.56×, 1.73× and (mirrored) 2.02× random's, in-run.
             The batch and moments points read the candidates this rank scores in one pass (the first chunk
             under ``candidate_chunk``), so their selections depend on the DDP world size and the chunking;
             the momentum point's do not.

@@ -61,7 +61,8 @@ class StepDraws(Protocol):
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor, int]:
         """(ḡ_C [L, *shape], S [L, d, d], n): the mean gradient of the n candidates and the covariance of one
-        candidate's gradient on the short side d (wide orientation, G Gᵀ for [d, m] with d ≤ m), Σ_i (G_i − ḡ_C)(G_i − ḡ_C)ᵀ/(n − 1)."""
+        candidate's gradient on the short side d (wide orientation, G Gᵀ for [d, m] with d ≤ m),
+        S = Σ_i (G_i − ḡ_C)(G_i − ḡ_C)ᵀ/(n − 1)."""
         ...
 
 
@@ -336,8 +337,8 @@ class NewtonSchulz:
 
     def vjp(self, x: torch.Tensor | GramPoint | SpectralNS, v: torch.Tensor) -> torch.Tensor:
         """(∂NS/∂x)ᵀ v at x, [..., m, n] → [..., m, n] float32: ``spectral_vjp`` on a CPU (or given a
-        ``SpectralNS``), ``reverse_vjp`` on an accelerator, where an eigendecomposition is slow next
-        to matrix products and synchronises the device."""
+        ``SpectralNS``), ``reverse_vjp`` (``gram_reverse_vjp`` at a ``GramPoint``) on an accelerator, where an
+        eigendecomposition is slow next to matrix products and synchronises the device."""
         if isinstance(x, GramPoint):
             if x.x.device.type != "cpu":
                 return self.gram_reverse_vjp(x, v)
@@ -375,11 +376,11 @@ class NewtonSchulz:
         V = (v.mT if ns.tall else v).float()
         W, Z = ns.Q.mT @ V, ns.Q.mT @ ns.X0
         M = W @ Z.mT
-        S = ns.Phi * (M + M.mT)
-        X_bar = ns.Q @ (ns.phi[..., :, None] * W + S @ Z)
+        sym2 = ns.Phi * (M + M.mT)  # 2 Φ ∘ sym(WZᵀ)
+        X_bar = ns.Q @ (ns.phi[..., :, None] * W + sym2 @ Z)
         radial = (ns.X0 * X_bar).sum((-2, -1), keepdim=True)
         if ns.gram is not None:
-            radial = radial + (S * ns.gram).sum((-2, -1), keepdim=True)
+            radial = radial + (sym2 * ns.gram).sum((-2, -1), keepdim=True)
         radial = radial * ~ns.clamped[..., None, None]
         G = (X_bar - ns.X0 * radial) / ns.norm[..., None, None]
         return G.mT if ns.tall else G
@@ -405,12 +406,12 @@ class MuonMap:
       the batch's second moment as a Gram term (a ``GramPoint``: one eigendecomposition, M = 1);
     - without: U(0) = μ²·buf (μ·buf), the fresh gradient's share taken to zero (M = 1).
 
-    At a layer's first step the momentum is zero (U = coef·ḡ_S, or coef·ḡ without draws: the
-    update torch would take on the proxy gradient, since NS has no derivative at 0).
+    At a layer's first step the momentum is zero (U = coef·ḡ_S; coef·α·ḡ_C with its Gram term at the moments
+    point; coef·ḡ without draws: the update torch would take on the proxy gradient, since NS has no derivative at 0).
 
     ``apply`` and ``token_factors`` are the frozen map the sketches use: Newton–Schulz at
     ū = U(0) (coef·ḡ at the first step; at the moments point, that point with its Gram term) is
-    NS(ū) = L X₀ with X₀ = ū/r wide, r = ‖ū‖_F, and L symmetric (``SpectralNS.L`` on a CPU,
+    NS(ū) = L X₀ with X₀ = ū/r wide, r = ‖ū‖_F (√(‖ū‖²_F + tr E) with a Gram term E), and L symmetric (``SpectralNS.L`` on a CPU,
     :func:`newton_schulz_left_factor` elsewhere: one eigendecomposition serves the map and the VJP).
     Holding L fixed, coef·g maps to lr_adj·coef/r · L g (``scale`` [L] or a number, ``L`` [L, d, d]).
     """
