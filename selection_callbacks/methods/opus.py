@@ -55,8 +55,8 @@ class OPUSSelection(GhostSelection):
             gradient and covariance). Against the real step's marginal effects on a tiny GPT, median
             Spearman over 24 seeds (0–23, 2 threads) at steps 5 / 50 / 300 (bench/results/ghost/README.md):
             momentum 0.912 / 0.755 / 0.893, moments 0.928 / 0.856 / 0.918, batch with 8 independent draws
-            0.928 / 0.881 / 0.926, with one mirrored pair 0.929 / 0.894 / 0.928; on cpu-tiny's step they
-            cost 1.56×, 1.73× and (mirrored) 2.02× random's, in-run.
+            0.928 / 0.881 / 0.926, with one mirrored pair 0.929 / 0.894 / 0.928. On cpu-tiny's step, in-run,
+            the momentum point costs 1.57× random's, moments 1.70×, the mirrored pair about 2.0×.
             The batch and moments points read the candidates this rank scores in one pass (the first chunk
             under ``candidate_chunk``), so their selections depend on the DDP world size and the chunking;
             the momentum point's do not.
