@@ -268,6 +268,20 @@ def test_mirrored_draws_pair_about_the_candidates_mean() -> None:
     torch.testing.assert_close(got[1], torch.einsum("lntd,lnte->lde", B[:, rest], A[:, rest]) / 4)
 
 
+def assert_muon_utilities(got, model, opt, G: dict[str, torch.Tensor], n: int, vector) -> None:
+    """The engine's utilities of every Muon matrix that has a momentum against ⟨G_i, q⟩ from the explicit per-sample
+    gradients G, with q = ``vector(name, parameter)``."""
+    checked = 0
+    for name, p in model.named_parameters():
+        layer = name.removesuffix(".weight")
+        if layer not in got.layer_utilities or "momentum_buffer" not in opt.state[p]:
+            continue
+        want = (G[name][:n] * vector(name, p)).flatten(1).sum(1)
+        torch.testing.assert_close(got.layer_utilities[layer], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
+        checked += 1
+    assert checked >= 4  # every Muon matrix of the block
+
+
 def augmented_vjp(U: torch.Tensor, N: torch.Tensor, v: torch.Tensor) -> torch.Tensor:
     """Brute force for a ``GramPoint``: (∂/∂U)ᵀ v of float64 Newton–Schulz of the explicit wide matrix [U, N]
     (N [L, d, r] on U's short side d), read on U's columns."""
@@ -327,11 +341,9 @@ def test_muon_moments_point_utilities_match_brute_force(stack: bool) -> None:
     engine = GhostEngine(model, stack_layers=stack)
     got = engine.score(row_losses(model), batch, n, OptimizerPreconditioner(opt, muon_batch=rows, muon_moments=True))
     G = per_sample_grads(model, batch)
-    coef, checked = 1 - MUON_MU**2, 0
-    for name, p in model.named_parameters():
-        layer = name.removesuffix(".weight")
-        if layer not in got.layer_utilities or "momentum_buffer" not in opt.state[p]:
-            continue
+    coef = 1 - MUON_MU**2
+
+    def vector(name: str, p: torch.nn.Parameter) -> torch.Tensor:
         mean = G[name][:n].mean(0).double()
         tall = p.shape[0] > p.shape[1]
         wide = [(g.mT if tall else g).double() for g in G[name][:n]]
@@ -339,11 +351,9 @@ def test_muon_moments_point_utilities_match_brute_force(stack: bool) -> None:
         alpha = min(max(1 - sum(float(x.square().sum()) for x in D) / (n * (n - 1) * float(mean.square().sum())), 0.0), 1.0)
         N = coef * torch.cat([(1 - alpha**2) ** 0.5 * (mean.mT if tall else mean)] + [((1 / rows - 1 / n) / (n - 1)) ** 0.5 * x for x in D], -1)
         U = MUON_MU**2 * opt.state[p]["momentum_buffer"].double() + coef * alpha * mean
-        q = _adjust_lr(MUON_LR, None, p.shape) * coef * augmented_vjp(U[None], N[None], G[name][n:].mean(0)[None])[0]
-        want = (G[name][:n] * q).flatten(1).sum(1)
-        torch.testing.assert_close(got.layer_utilities[layer], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
-        checked += 1
-    assert checked >= 4  # every Muon matrix of the block
+        return _adjust_lr(MUON_LR, None, p.shape) * coef * augmented_vjp(U[None], N[None], G[name][n:].mean(0)[None])[0]
+
+    assert_muon_utilities(got, model, opt, G, n, vector)
 
 
 def test_unknown_muon_point_is_refused() -> None:
@@ -368,17 +378,13 @@ def test_base_batch_reference_differentiates_at_the_point_the_step_orthogonalise
     g_base = {name: torch.randn(p.shape, generator=gen) * 1e-2 for name, p in model.named_parameters()}
     got = GhostEngine(model).score(row_losses(model), batch, n, AtBaseBatch(opt, model, g_base))
     G = per_sample_grads(model, batch)
-    coef, checked = 1 - MUON_MU**2, 0
-    for name, p in model.named_parameters():
-        layer = name.removesuffix(".weight")
-        if layer not in got.layer_utilities or "momentum_buffer" not in opt.state[p]:
-            continue
+    coef = 1 - MUON_MU**2
+
+    def vector(name: str, p: torch.nn.Parameter) -> torch.Tensor:
         point = MUON_MU**2 * opt.state[p]["momentum_buffer"] + coef * g_base[name]
-        q = _adjust_lr(MUON_LR, None, p.shape) * coef * NS.vjp(point, G[name][n:].mean(0))
-        want = (G[name][:n] * q).flatten(1).sum(1)
-        torch.testing.assert_close(got.layer_utilities[layer], want, rtol=1e-3, atol=1e-4 * float(want.abs().max()))
-        checked += 1
-    assert checked >= 4  # every Muon matrix of the block
+        return _adjust_lr(MUON_LR, None, p.shape) * coef * NS.vjp(point, G[name][n:].mean(0))
+
+    assert_muon_utilities(got, model, opt, G, n, vector)
 
 def test_utility_ranking_bench_smoke(tmp_path) -> None:
     """One configuration, stage and seed of the bench: its JSON and table carry every variant's ρ and top-K overlap."""
