@@ -631,12 +631,13 @@ class OptimizerPreconditioner:
         adamw_map: AdamW's second moment in the map: ``"frozen"`` (the derivative of torch's step at
             g → 0) or ``"proxy_in_v"`` (the proxy gradient's share put into v); see :class:`DiagonalMap`.
         muon_batch: rows the next step averages (K × accumulation): Muon's derivative is evaluated at
-            the momentum plus ``muon_draws`` draws of such a batch from the candidates (None: at the
-            momentum alone); see :class:`MuonMap`.
+            the momentum plus ``muon_draws`` draws of such a batch from the candidates, or at the point
+            carrying its moments (``muon_moments``); None: at the momentum alone. See :class:`MuonMap`.
         muon_draws: M, the evaluation points (M vector–Jacobian products per Muon matrix).
         muon_mirrored: the points as M/2 drawn batches and their mirror images about the candidates'
             mean (M even; see :class:`StepDraws`), or M independent draws.
-        muon_moments: instead of draws, one point carrying the batch's expected moments (:func:`moments_point`).
+        muon_moments: instead of draws, one point carrying the batch's expected moments (:func:`moments_point`;
+            needs ``muon_batch``).
     """
 
     def __init__(
