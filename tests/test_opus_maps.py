@@ -359,6 +359,8 @@ def test_muon_moments_point_utilities_match_brute_force(stack: bool) -> None:
 def test_unknown_muon_point_is_refused() -> None:
     with pytest.raises(ValueError, match="'batch', 'momentum' or 'moments'"):
         OPUSSelection(muon_point="sideways")
+    with pytest.raises(ValueError, match="give muon_batch"):
+        OptimizerPreconditioner(make_optimizer(GPT(CFG), "muon"), muon_moments=True)
 
 
 def test_odd_mirrored_draws_are_refused() -> None:

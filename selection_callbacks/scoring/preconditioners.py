@@ -651,6 +651,8 @@ class OptimizerPreconditioner:
     ) -> None:
         if muon_batch is not None and muon_batch < 1:
             raise ValueError(f"muon_batch must be ≥ 1 or None, got {muon_batch}")
+        if muon_moments and muon_batch is None:
+            raise ValueError("muon_moments=True carries a batch's moments: give muon_batch, the rows the next step averages")
         check_map_options(adamw_map, muon_draws, muon_mirrored)
         inner = optimizer.optimizers if isinstance(optimizer, MuonWithAdamW) else (optimizer,)
         for opt in inner:
