@@ -16,7 +16,8 @@ engine's default takes the factors where ρ ≤ ``FACTOR_TOLERANCE``), with its 
 utility maps: ``engine_adamw_proxy_in_v``
 (AdamW with ḡ² in v), and on a Muon + AdamW optimizer ``engine_muon`` (Newton–Schulz VJPs at 8
 draws of a K = N/2 row batch), ``engine_muon_mirrored`` (two VJPs: one drawn batch and its mirror image
-about the candidates' mean), ``engine_muon_momentum`` (one VJP at the momentum) and
+about the candidates' mean), ``engine_muon_momentum`` (one VJP at the momentum), ``engine_muon_moments``
+(one VJP at the momentum with a K = N/2 row batch's expected moments from the candidates) and
 ``engine_muon_frozen`` (utilities through the frozen Newton–Schulz map, the maps before the VJP).
 On CPU, memory is the peak RSS increase of the first call over the state right before it (the
 kernel's high-water mark reset through /proc/self/clear_refs; glibc's mmap threshold fixed so
@@ -128,6 +129,8 @@ MAP_VARIANTS = {
     "engine_muon_mirrored": prepare_engine_with(
         lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2, muon_draws=2, muon_mirrored=True)),
     "engine_muon_momentum": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt)),
+    "engine_muon_moments": prepare_engine_with(
+        lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2, muon_moments=True)),
     "engine_muon_frozen": prepare_engine_with(lambda opt, args: FrozenUtilities(opt)),
 }
 

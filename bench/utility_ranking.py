@@ -26,7 +26,8 @@ Newton–Schulz derivative at the momentum), ``batch`` (at μ²·buf + (1 − μ
 K-row batches S), ``batch_2`` and ``batch_1`` (the same over 2 draws and 1: a quarter and an eighth of
 its vector–Jacobian products), ``candidate_mean`` (at μ²·buf + (1 − μ²)·ḡ_C with ḡ_C the mean gradient
 of all N candidates: one product, as the momentum point), ``mirrored_2`` and ``mirrored_8`` (one and four
-drawn batches each with its mirror image 2ḡ_C − ḡ_S about that mean: 2 and 8 products) and ``frozen_ns`` (the old self-adjoint map,
+drawn batches each with its mirror image 2ḡ_C − ḡ_S about that mean: 2 and 8 products), ``moments`` (one point
+carrying a K-row batch's expected moments from the candidates: ``moments_point``, one product) and ``frozen_ns`` (the old self-adjoint map,
 Newton–Schulz frozen at the momentum);
 ``at_base_batch`` is the derivative at the point the reference step really orthogonalises
 (μ²·buf + (1 − μ²)·K/(K+1)·ḡ_B), which needs the base batch no scorer sees: the ceiling of any
@@ -73,7 +74,7 @@ K, N_CAND, N_PROXY, TRAIN_BATCH = 16, 32, 8, 8
 LR, WD, BETA1, BETA2, MUON_LR, MUON_MU = 3e-3, 0.1, 0.9, 0.95, 0.02, 0.95
 NS = NewtonSchulz((torch_muon.DEFAULT_A, torch_muon.DEFAULT_B, torch_muon.DEFAULT_C), torch_muon.DEFAULT_NS_STEPS, torch_muon.EPS)
 VARIANTS = {"adamw": ("frozen", "proxy_in_v"),
-            "muon": ("momentum", "batch", "batch_2", "batch_1", "candidate_mean", "mirrored_2", "mirrored_8", "frozen_ns", "at_base_batch")}
+            "muon": ("momentum", "batch", "batch_2", "batch_1", "candidate_mean", "mirrored_2", "mirrored_8", "moments", "frozen_ns", "at_base_batch")}
 
 Resolver = Callable[..., object]
 
@@ -257,6 +258,7 @@ def resolvers(opt: torch.optim.Optimizer, name: str) -> dict[str, Resolver]:
             "candidate_mean": OPUSSelection(muon_point="batch", muon_draws=1).preconditioner(trainer, N_CAND),
             "mirrored_2": OPUSSelection(muon_point="batch", muon_draws=2, muon_mirrored=True).preconditioner(trainer, K),
             "mirrored_8": OPUSSelection(muon_point="batch", muon_draws=8, muon_mirrored=True).preconditioner(trainer, K),
+            "moments": OPUSSelection(muon_point="moments").preconditioner(trainer, K),
             "frozen_ns": FrozenMaps(opt)}
 
 

@@ -174,14 +174,16 @@ def test_opus_candidate_chunks_keep_the_selections(tiny_corpus) -> None:
 
 
 def test_opus_batch_point_warns_that_chunks_move_its_draws(tiny_corpus) -> None:
-    """The batch point draws from the first pass's candidates: with candidate chunks it says so at fit start;
-    the momentum point stays silent."""
+    """The batch and moments points read the first pass's candidates: with candidate chunks they say so at fit
+    start; the momentum point stays silent."""
     with pytest.warns(UserWarning, match="candidate_chunk=3"):
         _fit(tiny_corpus, OPUSSelection(score_len=16, sketch_dim=0, candidate_chunk=3, muon_point="batch", muon_draws=2), steps=1, optimizer="muon")
+    with pytest.warns(UserWarning, match="muon_point='moments'.*candidate_chunk=3"):
+        _fit(tiny_corpus, OPUSSelection(score_len=16, sketch_dim=0, candidate_chunk=3, muon_point="moments"), steps=1, optimizer="muon")
     with warnings.catch_warnings(record=True) as caught:
         warnings.simplefilter("always")
         _fit(tiny_corpus, OPUSSelection(score_len=16, sketch_dim=0, candidate_chunk=3), steps=1, optimizer="muon")
-    assert not [w for w in caught if "muon_point='batch'" in str(w.message)]
+    assert not [w for w in caught if "muon_point=" in str(w.message)]
 
 
 def test_opus_without_redundancy_builds_no_sketches(tiny_corpus) -> None:

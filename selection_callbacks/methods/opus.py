@@ -46,15 +46,19 @@ class OPUSSelection(GhostSelection):
             or ``"proxy_in_v"`` (the proxy gradient's share put into v at every step).
         muon_point: where Muon's Newton–Schulz derivative is evaluated: ``"momentum"`` (the momentum
             torch's step will orthogonalise, the fresh gradient's share → 0: one vector–Jacobian product
-            per matrix) or ``"batch"`` (the momentum plus the share of a batch of K × accumulation rows
+            per matrix), ``"batch"`` (the momentum plus the share of a batch of K × accumulation rows
             drawn from the candidates, averaged over ``muon_draws`` points; before the first step the
-            drawn batches alone set the point). Against the real step's marginal effects on a tiny GPT,
-            median Spearman over 24 states (12 seeds at 2 and at 1 thread) at steps 5 / 50 / 300
-            (bench/results/ghost/README.md): momentum 0.915 / 0.844 / 0.875, batch with 8 independent
-            draws 0.927 / 0.889 / 0.909, with one mirrored pair 0.929 / 0.907 / 0.882, with four pairs
-            0.928 / 0.919 / 0.909.
-            The batch point draws from the candidates this rank scores in one pass (the first chunk
-            under ``candidate_chunk``), so its selections depend on the DDP world size and the chunking;
+            drawn batches alone set the point) or ``"moments"`` (one point carrying such a batch's
+            expected first and second moments, estimated from the candidates: the share of their mean
+            gradient that stands above its noise in the momentum, the rest of the batch's second moment in
+            Newton–Schulz's Gram matrix; one vector–Jacobian product per matrix, plus the candidates' mean
+            gradient and covariance). Against the real step's marginal effects on a tiny GPT, median
+            Spearman over 24 seeds (0–23, 2 threads) at steps 5 / 50 / 300 (bench/results/ghost/README.md):
+            momentum 0.912 / 0.755 / 0.893, moments 0.928 / 0.856 / 0.918, batch with 8 independent draws
+            0.928 / 0.881 / 0.926, with one mirrored pair 0.929 / 0.894 / 0.928. On cpu-tiny's step, in-run,
+            the momentum point costs 1.57× random's, moments 1.70×, the mirrored pair about 2.0×.
+            The batch and moments points read the candidates this rank scores in one pass (the first chunk
+            under ``candidate_chunk``), so their selections depend on the DDP world size and the chunking;
             the momentum point's do not.
         muon_draws: evaluation points for ``muon_point="batch"`` (one vector–Jacobian product each per matrix).
         muon_mirrored: the points as ``muon_draws``/2 drawn batches ḡ_S and their mirror images 2ḡ_C − ḡ_S
@@ -70,13 +74,13 @@ class OPUSSelection(GhostSelection):
         temperature: float = 0.25,
         redundancy_weight: float = 1.0,
         adamw_map: AdamWMap = "frozen",
-        muon_point: Literal["batch", "momentum"] = "momentum",
+        muon_point: Literal["batch", "momentum", "moments"] = "momentum",
         muon_draws: int = 8,
         muon_mirrored: bool = False,
         **kwargs: Any,
     ) -> None:
-        if muon_point not in ("batch", "momentum"):
-            raise ValueError(f"muon_point must be 'batch' or 'momentum', got {muon_point!r}")
+        if muon_point not in ("batch", "momentum", "moments"):
+            raise ValueError(f"muon_point must be 'batch', 'momentum' or 'moments', got {muon_point!r}")
         check_map_options(adamw_map, muon_draws, muon_mirrored)
         if redundancy_weight < 0:
             raise ValueError(f"redundancy_weight must be ≥ 0, got {redundancy_weight}")
@@ -88,8 +92,9 @@ class OPUSSelection(GhostSelection):
 
     @override
     def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
-        batch = k * trainer.accumulate_grad_batches if self.muon_point == "batch" else None
-        return OptimizerPreconditioner(trainer.optimizers[0], self.adamw_map, batch, self.muon_draws, self.muon_mirrored)
+        batch = k * trainer.accumulate_grad_batches if self.muon_point != "momentum" else None
+        return OptimizerPreconditioner(trainer.optimizers[0], self.adamw_map, batch, self.muon_draws, self.muon_mirrored,
+                                       muon_moments=self.muon_point == "moments")
 
     @override
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
@@ -104,9 +109,9 @@ class OPUSSelection(GhostSelection):
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
-        if self.muon_point == "batch" and (trainer.world_size > 1 or self.candidate_chunk):
+        if self.muon_point != "momentum" and (trainer.world_size > 1 or self.candidate_chunk):
             rank_zero_warn(
-                f"OPUSSelection(muon_point='batch') draws Muon's evaluation batches from the candidates of one rank's "
+                f"OPUSSelection(muon_point={self.muon_point!r}) reads Muon's evaluation point from the candidates of one rank's "
                 f"first pass (world size {trainer.world_size}, candidate_chunk={self.candidate_chunk}), so its selections "
                 "differ from a single-process, unchunked run; muon_point='momentum' does not depend on either"
             )

@@ -59,6 +59,12 @@ class StepDraws(Protocol):
         mean ḡ_C of all candidates (the complement's mean where rows is half the candidates)."""
         ...
 
+    def moments(self) -> tuple[torch.Tensor, torch.Tensor, int]:
+        """(ḡ_C [L, *shape], S [L, d, d], n): the mean gradient of the n candidates and the covariance of one
+        candidate's gradient on the short side d (wide orientation, G Gᵀ for [d, m] with d ≤ m),
+        S = Σ_i (G_i − ḡ_C)(G_i − ḡ_C)ᵀ/(n − 1)."""
+        ...
+
 
 def lead(x: Scale, ndim: int) -> Scale:
     """A per-layer tensor [L, *rest] viewed as [L, 1, ..., 1, *rest] with ``ndim`` dims (numbers pass)."""
@@ -215,12 +221,16 @@ class DiagonalMap:
         return (lead(self.C, 2) * self.norm_scale[:, None]) * r, c
 
 
-def wide_unit(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, bool]:
+def wide_unit(x: torch.Tensor, eps: float, gram: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(X₀, r, tall): x [..., m, n] in float32 in the wide orientation (xᵀ where m > n), divided by
-    r = max(‖x‖_F, eps) [...], as Newton–Schulz starts (no device sync)."""
+    r = max(‖x‖_F, eps) [...], as Newton–Schulz starts (no device sync). With ``gram`` E [..., d, d] (d the
+    short side) x stands for [x, N] with NNᵀ = E: r = max(√(‖x‖²_F + tr E), eps)."""
     tall = x.shape[-2] > x.shape[-1]
     X = (x.mT if tall else x).float()
-    norm = torch.linalg.matrix_norm(X).clamp(min=eps)
+    if gram is None:
+        norm = torch.linalg.matrix_norm(X).clamp(min=eps)
+    else:
+        norm = (X.square().sum((-2, -1)) + gram.diagonal(dim1=-2, dim2=-1).sum(-1)).clamp(min=0).sqrt().clamp(min=eps)
     return X / norm[..., None, None], norm, tall
 
 
@@ -228,6 +238,15 @@ def wide_unit(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, 
 # their divided difference: the quotient's rounding (~1e-16·φ/gap) and the mean's truncation (~gap²·φ‴) both stay
 # below 1e-10 of the entries on full-rank, rank-3 and decaying spectra
 CLOSE_EIGENVALUES = 1e-9
+
+
+@dataclass(frozen=True)
+class GramPoint:
+    """A Newton–Schulz evaluation point x [..., m, n] with a Gram term E [..., d, d] on its short side: the point
+    is [x, N] with NNᵀ = E, differentiated in x (a batch's second moment carried without its columns)."""
+
+    x: torch.Tensor
+    gram: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -241,7 +260,8 @@ class SpectralNS:
     ``Phi`` [..., d, d] holds φ's divided differences (φ(λ_i) − φ(λ_j))/(λ_i − λ_j), and
     (φ'(λ_i) + φ'(λ_j))/2 where |λ_i − λ_j| ≤ ``CLOSE_EIGENVALUES`` (φ'(λ_i) on the diagonal); φ and φ'
     come from the scalar recursion in float64. ``norm`` [...] is the clamped ‖x‖_F, ``clamped`` [...]
-    where the clamp acted.
+    where the clamp acted. At a ``GramPoint`` A₀ = X₀X₀ᵀ + E/r² and ``gram`` holds Qᵀ(E/r²)Q, whose share of
+    the normalisation the VJP sends back to x; None without a Gram term.
     """
 
     X0: torch.Tensor
@@ -251,6 +271,7 @@ class SpectralNS:
     Q: torch.Tensor
     phi: torch.Tensor
     Phi: torch.Tensor
+    gram: torch.Tensor | None = None
 
     @property
     def L(self) -> torch.Tensor:
@@ -267,6 +288,10 @@ class NewtonSchulz:
     result transposed back. Torch iterates in bfloat16; this copy stays in float32. ``spectral``
     writes the same polynomial in the eigenbasis of X₀X₀ᵀ (``SpectralNS``), where ``spectral_vjp``
     differentiates it with about 6·d²n multiply-adds and one d×d eigendecomposition.
+
+    A point may carry a Gram term E [..., d, d] (PSD, the short side): NS of [x, N] with NNᵀ = E, read on x's
+    columns and differentiated in x (``GramPoint``). Newton–Schulz of a wide matrix depends on its columns only
+    through X₀X₀ᵀ, so E enters as X₀X₀ᵀ + E/r² and in r.
     """
 
     coefficients: tuple[float, float, float]
@@ -281,13 +306,18 @@ class NewtonSchulz:
             X = a * X + (b * A + c * (A @ A)) @ X
         return X.mT if tall else X
 
-    def spectral(self, x: torch.Tensor) -> SpectralNS:
-        """NS at x [..., m, n] in the eigenbasis of its Gram matrix: d²n multiply-adds for X₀X₀ᵀ, one
-        float64 eigendecomposition of d×d, O(d) a step and O(d²) for the divided differences."""
-        X0, norm, tall = wide_unit(x, self.eps)
+    def spectral(self, x: torch.Tensor, gram: torch.Tensor | None = None) -> SpectralNS:
+        """NS at x [..., m, n] (with the Gram term ``gram``, see the class) in the eigenbasis of its Gram
+        matrix: d²n multiply-adds for X₀X₀ᵀ, one float64 eigendecomposition of d×d, O(d) a step and
+        O(d²) for the divided differences."""
+        X0, norm, tall = wide_unit(x, self.eps, gram)
         clamped = norm <= self.eps
         X64 = X0.double()
-        lam, Q = torch.linalg.eigh(X64 @ X64.mT)
+        A = X64 @ X64.mT
+        if gram is not None:
+            gram = gram.double() / norm.double().square()[..., None, None]
+            A = A + gram
+        lam, Q = torch.linalg.eigh(A)
         a, b, c = self.coefficients
         phi, d_phi = torch.ones_like(lam), torch.zeros_like(lam)  # φ⁽ᵏ⁾(λ) and its derivative in λ
         lam_k, d_lam = lam, torch.ones_like(lam)  # λ⁽ᵏ⁾(λ) and its derivative
@@ -301,13 +331,19 @@ class NewtonSchulz:
         close = gap.abs() <= CLOSE_EIGENVALUES
         Phi = torch.where(close, (d_phi[..., :, None] + d_phi[..., None, :]) / 2,
                           (phi[..., :, None] - phi[..., None, :]) / gap.masked_fill(close, 1.0))
-        return SpectralNS(X0, norm, clamped, tall, Q.float(), phi.float(), Phi.float())
+        Q = Q.float()
+        gram_q = None if gram is None else Q.mT @ gram.float() @ Q  # read in one scalar only: float32 serves
+        return SpectralNS(X0, norm, clamped, tall, Q, phi.float(), Phi.float(), gram_q)
 
-    def vjp(self, x: torch.Tensor | SpectralNS, v: torch.Tensor) -> torch.Tensor:
+    def vjp(self, x: torch.Tensor | GramPoint | SpectralNS, v: torch.Tensor) -> torch.Tensor:
         """(∂NS/∂x)ᵀ v at x, [..., m, n] → [..., m, n] float32: ``spectral_vjp`` on a CPU (or given a
-        ``SpectralNS``), ``reverse_vjp`` on an accelerator, where an eigendecomposition is slow next
-        to matrix products and synchronises the device."""
-        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        ``SpectralNS``), ``reverse_vjp`` (``gram_reverse_vjp`` at a ``GramPoint``) on an accelerator, where an
+        eigendecomposition is slow next to matrix products and synchronises the device."""
+        if isinstance(x, GramPoint):
+            if x.x.device.type != "cpu":
+                return self.gram_reverse_vjp(x, v)
+            x = self.spectral(x.x, x.gram)
+        elif isinstance(x, torch.Tensor) and x.device.type != "cpu":
             return self.reverse_vjp(x, v)
         return self.spectral_vjp(x, v)
 
@@ -317,20 +353,35 @@ class NewtonSchulz:
             x = x.detach().float().requires_grad_(True)
             return torch.autograd.grad(self(x), x, v.float())[0]
 
+    def gram_reverse_vjp(self, point: GramPoint, v: torch.Tensor) -> torch.Tensor:
+        """(∂NS/∂x)ᵀ v at a ``GramPoint`` by reverse mode through the left factor's d×d iteration
+        (:func:`newton_schulz_left_factor`): NS = L(X₀X₀ᵀ + E/r²)·X₀, about 4·d²n + 40·d³ multiply-adds."""
+        with torch.enable_grad():
+            x = point.x.detach().float().requires_grad_(True)
+            L, norm, tall = newton_schulz_left_factor(x, self.coefficients, self.steps, self.eps, point.gram.float())
+            X0 = (x.mT if tall else x) / norm[..., None, None]
+            V = (v.mT if tall else v).float()
+            return torch.autograd.grad(L @ X0, x, V)[0]
+
     def spectral_vjp(self, x: torch.Tensor | SpectralNS, v: torch.Tensor) -> torch.Tensor:
         """(∂NS/∂x)ᵀ v at x (or at the point of a ``SpectralNS``), [..., m, n] → [..., m, n] float32.
 
         NS = L X₀ sends V back as X̄₀ = LV + 2 sym(Ā)X₀ with Ā the pull-back of L̄ = VX₀ᵀ through
         L = φ(A₀): by Daleckii–Krein, sym(Ā) = Q(Φ ∘ sym(QᵀL̄Q))Qᵀ. With W = QᵀV and Z = QᵀX₀ that is
         X̄₀ = Q(φ ⊙ W + 2(Φ ∘ sym(WZᵀ))Z), five d²n products; X₀ = x/r then sends X̄₀ back as
-        (X̄₀ − X₀⟨X₀, X̄₀⟩)/r (X̄₀/eps where r is clamped).
+        (X̄₀ − X₀⟨X₀, X̄₀⟩)/r (X̄₀/eps where r is clamped). At a ``GramPoint`` the columns N/r of E share the
+        normalisation: ⟨X₀, X̄₀⟩ gains ⟨2 Φ ∘ sym(WZᵀ), Qᵀ(E/r²)Q⟩.
         """
         ns = x if isinstance(x, SpectralNS) else self.spectral(x)
         V = (v.mT if ns.tall else v).float()
         W, Z = ns.Q.mT @ V, ns.Q.mT @ ns.X0
         M = W @ Z.mT
-        X_bar = ns.Q @ (ns.phi[..., :, None] * W + (ns.Phi * (M + M.mT)) @ Z)
-        radial = (ns.X0 * X_bar).sum((-2, -1), keepdim=True) * ~ns.clamped[..., None, None]
+        sym2 = ns.Phi * (M + M.mT)  # 2 Φ ∘ sym(WZᵀ)
+        X_bar = ns.Q @ (ns.phi[..., :, None] * W + sym2 @ Z)
+        radial = (ns.X0 * X_bar).sum((-2, -1), keepdim=True)
+        if ns.gram is not None:
+            radial = radial + (sym2 * ns.gram).sum((-2, -1), keepdim=True)
+        radial = radial * ~ns.clamped[..., None, None]
         G = (X_bar - ns.X0 * radial) / ns.norm[..., None, None]
         return G.mT if ns.tall else G
 
@@ -350,21 +401,25 @@ class MuonMap:
       candidates (NS is steep along small singular values, so the batch's own share moves J);
       mirrored, the draws come in antithetic pairs ḡ_C ± δ_S about the candidates' mean ḡ_C, so
       the terms of J odd in the batch's noise δ cancel within each pair;
+    - with the batch's moments (``moments_point``): the expectation over the K-row batch's draw carried in
+      one point, the part of the candidates' mean that stands above its own noise in U and the rest of
+      the batch's second moment as a Gram term (a ``GramPoint``: one eigendecomposition, M = 1);
     - without: U(0) = μ²·buf (μ·buf), the fresh gradient's share taken to zero (M = 1).
 
-    At a layer's first step the momentum is zero (U = coef·ḡ_S, or coef·ḡ without draws: the
-    update torch would take on the proxy gradient, since NS has no derivative at 0).
+    At a layer's first step the momentum is zero (U = coef·ḡ_S; coef·α·ḡ_C with its Gram term at the moments
+    point; coef·ḡ without draws: the update torch would take on the proxy gradient, since NS has no derivative at 0).
 
     ``apply`` and ``token_factors`` are the frozen map the sketches use: Newton–Schulz at
-    ū = U(0) (coef·ḡ at the first step) is NS(ū) = L X₀ with X₀ = ū/‖ū‖_F wide and L symmetric
-    (``SpectralNS.L`` on a CPU, :func:`newton_schulz_left_factor` elsewhere). Holding L fixed,
-    coef·g maps to lr_adj·coef/‖ū‖_F · L g (``scale`` [L] or a number, ``L`` [L, d, d]).
+    ū = U(0) (coef·ḡ at the first step; at the moments point, that point with its Gram term) is
+    NS(ū) = L X₀ with X₀ = ū/r wide, r = ‖ū‖_F (√(‖ū‖²_F + tr E) with a Gram term E), and L symmetric (``SpectralNS.L`` on a CPU,
+    :func:`newton_schulz_left_factor` elsewhere: one eigendecomposition serves the map and the VJP).
+    Holding L fixed, coef·g maps to lr_adj·coef/r · L g (``scale`` [L] or a number, ``L`` [L, d, d]).
     """
 
     exact_factors = True
 
     def __init__(
-        self, scale: Scale, L: torch.Tensor, tall: bool, points: Sequence[torch.Tensor | SpectralNS], step: Scale, ns: NewtonSchulz
+        self, scale: Scale, L: torch.Tensor, tall: bool, points: Sequence[torch.Tensor | GramPoint | SpectralNS], step: Scale, ns: NewtonSchulz
     ) -> None:
         self.scale, self.L, self.tall = scale, L, tall
         self.points, self.step, self.ns = points, step, ns
@@ -387,21 +442,26 @@ class MuonMap:
 
 
 def newton_schulz_left_factor(
-    u: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float
+    u: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, gram: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(L, ‖u‖_F, tall): NS(u) = L·(u/‖u‖) in the wide orientation, computed in float32.
 
-    ``u`` is one matrix [m, n] or a stack [L, m, n] (then L [L, d, d] and norms [L]).
+    ``u`` is one matrix [m, n] or a stack [L, m, n] (then L [L, d, d] and norms [L]); with ``gram`` E
+    ([d, d] or [L, d, d]) the point is [u, N] with NNᵀ = E (``GramPoint``): A₀ = X₀X₀ᵀ + E/r².
     Iterates on d×d matrices only (d the short side): with X_k = L_k X₀ and L_k a polynomial in
     A₀ = X₀X₀ᵀ (so they commute), A_k = X_k X_kᵀ = L_k² A₀ and each step S = aI + bA_k + cA_k²
     gives L ← S L, A ← S² A_k: four d×d products a step instead of two d×n ones and two d×d.
     """
     single = u.ndim == 2
-    x, norm, tall = wide_unit(u[None] if single else u, eps)
+    if single and gram is not None:
+        gram = gram[None]
+    x, norm, tall = wide_unit(u[None] if single else u, eps, gram)
     a, b, c = coefficients
     eye = torch.eye(x.shape[1], device=x.device, dtype=x.dtype).expand(x.shape[0], -1, -1)
     a_eye = a * eye
     A = x @ x.mT
+    if gram is not None:
+        A = A + gram / norm.square()[:, None, None]
     L = eye
     for step in range(steps):
         S = torch.baddbmm(torch.add(a_eye, A, alpha=b), A, A, alpha=c)
@@ -410,6 +470,26 @@ def newton_schulz_left_factor(
             A = S @ (S @ A)
     L = (L + L.mT) / 2  # L is symmetric in exact arithmetic; keep it so in float32
     return (L[0], norm[0], tall) if single else (L, norm, tall)
+
+
+def moments_point(momentum: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor, n: int, rows: int, coef: float) -> GramPoint:
+    """Muon's point for a K-row batch in expectation over its draw, from the candidates' moments.
+
+    The batch's mean gradient ḡ_B has mean μ and covariance S/K; the candidates' mean ḡ_C [L, *shape] estimates
+    μ with noise S/n (S [L, d, d] one candidate's covariance on the short side, ``StepDraws.moments``). The
+    James–Stein share α = clip(1 − (tr S/n)/‖ḡ_C‖², 0, 1) keeps in the point the part of ḡ_C that stands
+    above its own noise, U = ``momentum`` + coef·α·ḡ_C; the rest of the batch's second moment,
+    E[ḡ_Bḡ_Bᵀ] ≈ ḡ_Cḡ_Cᵀ − S/n + S/K, enters as the Gram term
+    E = coef²·((1 − α²)·ḡ_Cḡ_Cᵀ + max(1/K − 1/n, 0)·S) (K = ``rows``; the S term clipped at 0 where K > n).
+    """
+    tall = mean.shape[-2] > mean.shape[-1]
+    wide = mean.mT if tall else mean
+    energy = wide.square().sum((-2, -1))
+    noise = cov.diagonal(dim1=-2, dim2=-1).sum(-1) / n  # E‖ḡ_C − μ‖²
+    alpha = torch.where(energy > 0, 1 - noise / energy.clamp_min(torch.finfo(energy.dtype).tiny), 0.0).clamp(0, 1)
+    U = momentum + coef * alpha[:, None, None] * mean
+    E = (1 - alpha.square())[:, None, None] * (wide @ wide.mT) + max(1 / rows - 1 / n, 0.0) * cov
+    return GramPoint(U, coef * coef * E)
 
 
 AdamWMap = Literal["frozen", "proxy_in_v"]
@@ -469,6 +549,7 @@ def _muon_map(
     batch_rows: int | None = None,
     draws: int = 8,
     mirrored: bool = False,
+    moments: bool = False,
 ) -> MuonMap:
     mu, nesterov = group["momentum"], group["nesterov"]
     bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
@@ -478,13 +559,20 @@ def _muon_map(
     # the frozen map's reference: the momentum's share, or before the first step the proxy's update
     ref = torch.stack([coef * g.float() if m is None else m for g, m in zip(gbar, momentum)])
     ns = NewtonSchulz(tuple(group["ns_coefficients"]), group["ns_steps"], group["eps"])
-    points: Sequence[torch.Tensor | SpectralNS]
+    gram = None
+    if step is not None and batch_rows and moments:  # the moments point is also the frozen map's reference
+        kept = torch.stack([torch.zeros_like(g, dtype=torch.float32) if m is None else m for g, m in zip(gbar, momentum)])
+        mean, cov, n = step.moments()
+        point = moments_point(kept, mean.float(), cov.float(), n, batch_rows, coef)
+        ref, gram = point.x, point.gram
+    points: Sequence[torch.Tensor | GramPoint | SpectralNS]
     if ref.device.type == "cpu":  # one eigendecomposition gives the left factor and the VJP
-        at_ref = ns.spectral(ref)
+        at_ref = ns.spectral(ref, gram)
         L, norm, tall, points = at_ref.L, at_ref.norm, at_ref.tall, [at_ref]
     else:  # accelerators stay in matrix products (NewtonSchulz.vjp)
-        (L, norm, tall), points = newton_schulz_left_factor(ref, ns.coefficients, ns.steps, ns.eps), ref[None]
-    if step is not None and batch_rows:
+        L, norm, tall = newton_schulz_left_factor(ref, ns.coefficients, ns.steps, ns.eps, gram)
+        points = ref[None] if gram is None else [GramPoint(ref, gram)]
+    if step is not None and batch_rows and not moments:
         kept = torch.stack([torch.zeros_like(g, dtype=torch.float32) if m is None else m for g, m in zip(gbar, momentum)])
         points = step.mean_gradients(batch_rows, draws, mirrored).float().mul_(coef).add_(kept)
     lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
@@ -543,11 +631,13 @@ class OptimizerPreconditioner:
         adamw_map: AdamW's second moment in the map: ``"frozen"`` (the derivative of torch's step at
             g → 0) or ``"proxy_in_v"`` (the proxy gradient's share put into v); see :class:`DiagonalMap`.
         muon_batch: rows the next step averages (K × accumulation): Muon's derivative is evaluated at
-            the momentum plus ``muon_draws`` draws of such a batch from the candidates (None: at the
-            momentum alone); see :class:`MuonMap`.
+            the momentum plus ``muon_draws`` draws of such a batch from the candidates, or at the point
+            carrying its moments (``muon_moments``); None: at the momentum alone. See :class:`MuonMap`.
         muon_draws: M, the evaluation points (M vector–Jacobian products per Muon matrix).
         muon_mirrored: the points as M/2 drawn batches and their mirror images about the candidates'
             mean (M even; see :class:`StepDraws`), or M independent draws.
+        muon_moments: instead of draws, one point carrying the batch's expected moments (:func:`moments_point`;
+            needs ``muon_batch``).
     """
 
     def __init__(
@@ -557,16 +647,19 @@ class OptimizerPreconditioner:
         muon_batch: int | None = None,
         muon_draws: int = 8,
         muon_mirrored: bool = False,
+        muon_moments: bool = False,
     ) -> None:
         if muon_batch is not None and muon_batch < 1:
             raise ValueError(f"muon_batch must be ≥ 1 or None, got {muon_batch}")
+        if muon_moments and muon_batch is None:
+            raise ValueError("muon_moments=True carries a batch's moments: give muon_batch, the rows the next step averages")
         check_map_options(adamw_map, muon_draws, muon_mirrored)
         inner = optimizer.optimizers if isinstance(optimizer, MuonWithAdamW) else (optimizer,)
         for opt in inner:
             if type(opt) not in _MAPS:
                 raise TypeError(f"no ghost preconditioner for {type(opt).__name__}; supported: {SUPPORTED}")
         self._maps = {**_MAPS, torch.optim.AdamW: partial(_adamw_map, variant=adamw_map),
-                      torch.optim.Muon: partial(_muon_map, batch_rows=muon_batch, draws=muon_draws, mirrored=muon_mirrored)}
+                      torch.optim.Muon: partial(_muon_map, batch_rows=muon_batch, draws=muon_draws, mirrored=muon_mirrored, moments=muon_moments)}
         self._where: dict[int, tuple[torch.optim.Optimizer, dict]] = {
             id(p): (opt, g) for opt in inner for g in opt.param_groups for p in g["params"]
         }
