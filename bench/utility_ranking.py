@@ -247,7 +247,7 @@ def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolve
 
 def resolvers(opt: torch.optim.Optimizer, name: str) -> dict[str, Resolver]:
     """The map variants of ``name``'s configuration (see the module docstring), as OPUS resolves them at K rows."""
-    trainer = SimpleNamespace(optimizers=[opt], accumulate_grad_batches=1)
+    trainer = SimpleNamespace(optimizers=[opt], accumulate_grad_batches=1, world_size=1)
     if name == "adamw":
         return {"frozen": OPUSSelection().preconditioner(trainer, K),
                 "proxy_in_v": OPUSSelection(adamw_map="proxy_in_v").preconditioner(trainer, K)}

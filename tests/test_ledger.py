@@ -29,7 +29,9 @@ from selection_callbacks.cli.ledger import main as ledger_main
 from selection_callbacks.methods import RandomSelection
 
 ROOT = Path(__file__).resolve().parents[1]
-DDP_METHODS = ("random", "high_loss", "opus")
+# run name → method config and extra flags; opus_muon_moments reads the candidates' moments summed over the ranks
+DDP_RUNS = {"random": ("random",), "high_loss": ("high_loss",), "opus": ("opus",),
+            "opus_muon_moments": ("opus", "--model.optimizer", "muon", "--selection.init_args.muon_point", "moments")}
 STEPS, K = 6, 8  # global K sequences per step: one process K, two processes K/2 each
 
 
@@ -59,7 +61,7 @@ def _wait(proc: subprocess.Popen, log: Path, expect: int = 0) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tiny_corpus, tmp_path_factory) -> dict[str, dict[str, Path]]:
-    """For each method: a single-process run (K) in-process and a 2-process DDP run (K/2 each) in subprocesses.
+    """For each run of ``DDP_RUNS``: a single-process run (K) in-process and a 2-process DDP run (K/2 each) in subprocesses.
 
     The random DDP run also logs to W&B (offline), to check the dashboard under DDP.
     """
@@ -67,20 +69,20 @@ def runs(tiny_corpus, tmp_path_factory) -> dict[str, dict[str, Path]]:
     cache = tmp_path_factory.getbasetemp() / "cache"
     PoolDataModule(tiny_corpus["pool"], tiny_corpus["target"], tiny_corpus["val"], seq_len=32, cache_dir=str(cache),
                    progress=False).prepare_data()  # tokenize once, before the concurrent runs
-    dirs = {m: {"single": root / f"{m}-single", "ddp": root / f"{m}-ddp"} for m in DDP_METHODS}
+    dirs = {m: {"single": root / f"{m}-single", "ddp": root / f"{m}-ddp"} for m in DDP_RUNS}
     wandb = ["--config", str(ROOT / "configs/logger/wandb.yaml"), "--dashboard.histogram_every", "2",
              "--trainer.logger.init_args.save_dir", str(dirs["random"]["ddp"])]
-    ddp = [(_launch(_args(tiny_corpus, cache, d["ddp"], m, K // 2, "--trainer.devices", "2", "--trainer.strategy", "ddp",
-                          *(wandb if m == "random" else [])), root / f"{m}-ddp.log"), root / f"{m}-ddp.log")
+    ddp = [(_launch(_args(tiny_corpus, cache, d["ddp"], DDP_RUNS[m][0], K // 2, *DDP_RUNS[m][1:], "--trainer.devices", "2",
+                          "--trainer.strategy", "ddp", *(wandb if m == "random" else [])), root / f"{m}-ddp.log"), root / f"{m}-ddp.log")
            for m, d in dirs.items()]
     for m, d in dirs.items():
-        train.main(_args(tiny_corpus, cache, d["single"], m, K))
+        train.main(_args(tiny_corpus, cache, d["single"], DDP_RUNS[m][0], K, *DDP_RUNS[m][1:]))
     for proc, log in ddp:
         _wait(proc, log)
     return dirs
 
 
-@pytest.mark.parametrize("method", DDP_METHODS)
+@pytest.mark.parametrize("method", DDP_RUNS)
 def test_ddp_ledger_equals_single_process(runs, method: str) -> None:
     single, ddp = read_ledger(runs[method]["single"]), read_ledger(runs[method]["ddp"])
     assert single.num_rows == ddp.num_rows == STEPS * 2 * K  # every candidate of every global superbatch

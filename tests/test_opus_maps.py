@@ -42,7 +42,7 @@ def spearman_against_real_step(model, opt, name: str, gen: torch.Generator) -> t
     """(Spearman against the real step's effects of OPUS's utilities with Muon's derivative at the momentum (the
     default), at one drawn batch and its mirror image, at 8 independent draws, at the batch's moments, and of the
     frozen maps; relative error of the float64 Muon step against torch's own)."""
-    trainer = SimpleNamespace(optimizers=[opt], accumulate_grad_batches=1)
+    trainer = SimpleNamespace(optimizers=[opt], accumulate_grad_batches=1, world_size=1)
     variants = {"momentum": OPUSSelection().preconditioner(trainer, K),
                 "moments": OPUSSelection(muon_point="moments").preconditioner(trainer, K),
                 "mirrored": OPUSSelection(muon_point="batch", muon_draws=2, muon_mirrored=True).preconditioner(trainer, K),
@@ -321,13 +321,31 @@ def test_gram_point_vjp_is_newton_schulz_of_the_augmented_matrix(shape: tuple[in
 def test_candidate_moments_match_per_sample_gradients(d_out: int, d_in: int) -> None:
     gen = torch.Generator().manual_seed(0)
     B, A = torch.randn(2, 8, 3, d_out, generator=gen), torch.randn(2, 8, 3, d_in, generator=gen)
-    mean, cov, n = CandidateDraws(B, A, seed=1).moments()
+    total, second, n = CandidateDraws(B, A, seed=1).moments()
     G = torch.einsum("lntd,lnte->lnde", B, A)
     wide = G.mT if d_out > d_in else G
-    D = wide - wide.mean(1, keepdim=True)
     assert n == 8
-    torch.testing.assert_close(mean, G.mean(1))
-    torch.testing.assert_close(cov, torch.einsum("lnij,lnkj->lik", D, D) / 7, rtol=1e-4, atol=1e-5)
+    torch.testing.assert_close(total, G.sum(1), rtol=1e-5, atol=1e-5)
+    torch.testing.assert_close(second, torch.einsum("lnij,lnkj->lik", wide, wide), rtol=1e-4, atol=1e-4)
+
+
+def test_moments_point_summed_over_ranks_is_the_single_process_point() -> None:
+    """Under DDP each rank holds a share of the candidates: with ``muon_reduce`` summing the shares' moments, the
+    utility vector of the moments point is the single process's, and ``muon_batch`` counts the global batch."""
+    model, opt, gen = trained("muon", 3)
+    weight = model.blocks[0].mlp.fc.weight
+    B, A = torch.randn(1, 6, 4, weight.shape[0], generator=gen), torch.randn(1, 6, 4, weight.shape[1], generator=gen)
+    gbar = 1e-3 * torch.randn(1, *weight.shape, generator=gen)
+    single = OptimizerPreconditioner(opt, muon_batch=4, muon_moments=True)([weight], gbar, CandidateDraws(B, A, 0))
+    other = list(CandidateDraws(B[:, 3:], A[:, 3:], 0).moments())
+    other[2] = torch.tensor(float(other[2]))
+    shares = iter(other)  # the second rank's sum, count last, in the order the map reduces them
+    rank0 = OptimizerPreconditioner(opt, muon_batch=4, muon_moments=True, muon_reduce=lambda t: t + next(shares))
+    want = single.utility_vector(gbar)
+    torch.testing.assert_close(rank0([weight], gbar, CandidateDraws(B[:, :3], A[:, :3], 0)).utility_vector(gbar),
+                               want, rtol=1e-4, atol=1e-7)
+    alone = OptimizerPreconditioner(opt, muon_batch=4, muon_moments=True)([weight], gbar, CandidateDraws(B[:, :3], A[:, :3], 0))
+    assert relative(alone.utility_vector(gbar), want) > 1e-3  # one rank's share alone is another point
 
 
 @pytest.mark.parametrize("stack", [False, True])

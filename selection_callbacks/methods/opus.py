@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from functools import partial
 from typing import Any, Literal
 
 import lightning as L
@@ -57,9 +58,10 @@ class OPUSSelection(GhostSelection):
             momentum 0.912 / 0.755 / 0.893, moments 0.928 / 0.856 / 0.918, batch with 8 independent draws
             0.928 / 0.881 / 0.926, with one mirrored pair 0.929 / 0.894 / 0.928. On cpu-tiny's step, in-run,
             the momentum point costs 1.57× random's, moments 1.70×, the mirrored pair about 2.0×.
-            The batch and moments points read the candidates this rank scores in one pass (the first chunk
-            under ``candidate_chunk``), so their selections depend on the DDP world size and the chunking;
-            the momentum point's do not.
+            The batch point draws from the candidates this rank scores in one pass, and the moments point
+            reads the candidates of one pass (the first chunk under ``candidate_chunk``) summed over the DDP
+            ranks, so the batch point's selections depend on the world size, and both on the chunking; the
+            momentum point's depend on neither.
         muon_draws: evaluation points for ``muon_point="batch"`` (one vector–Jacobian product each per matrix).
         muon_mirrored: the points as ``muon_draws``/2 drawn batches ḡ_S and their mirror images 2ḡ_C − ḡ_S
             about the candidates' mean ḡ_C (antithetic pairs: the derivative's terms odd in the batch's
@@ -93,8 +95,12 @@ class OPUSSelection(GhostSelection):
     @override
     def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
         batch = k * trainer.accumulate_grad_batches if self.muon_point != "momentum" else None
+        reduce = None
+        if self.muon_point == "moments" and trainer.world_size > 1:  # every rank's candidates, the global batch
+            batch *= trainer.world_size
+            reduce = partial(trainer.strategy.reduce, reduce_op="sum")
         return OptimizerPreconditioner(trainer.optimizers[0], self.adamw_map, batch, self.muon_draws, self.muon_mirrored,
-                                       muon_moments=self.muon_point == "moments")
+                                       muon_moments=self.muon_point == "moments", muon_reduce=reduce)
 
     @override
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
@@ -109,10 +115,11 @@ class OPUSSelection(GhostSelection):
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         super().on_fit_start(trainer, pl_module)
-        if self.muon_point != "momentum" and (trainer.world_size > 1 or self.candidate_chunk):
+        if (self.muon_point == "batch" and trainer.world_size > 1) or (self.muon_point != "momentum" and self.candidate_chunk):
+            where = "one rank's first pass" if self.muon_point == "batch" else "the first pass"
             rank_zero_warn(
-                f"OPUSSelection(muon_point={self.muon_point!r}) reads Muon's evaluation point from the candidates of one rank's "
-                f"first pass (world size {trainer.world_size}, candidate_chunk={self.candidate_chunk}), so its selections "
+                f"OPUSSelection(muon_point={self.muon_point!r}) reads Muon's evaluation point from the candidates of {where} "
+                f"(world size {trainer.world_size}, candidate_chunk={self.candidate_chunk}), so its selections "
                 "differ from a single-process, unchunked run; muon_point='momentum' does not depend on either"
             )
 

@@ -651,17 +651,14 @@ class CandidateDraws:
         return torch.stack(out)
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(ḡ_C [L, d_out, d_in], S [L, d, d], n): the candidates' mean gradient and one candidate's covariance on
-        the short side d, S = (Σ_i G_iG_iᵀ − n·ḡ_Cḡ_Cᵀ)/(n − 1) (G_iᵀG_i where d_out > d_in), each G_iG_iᵀ through the
-        candidate's T×T Gram, B_iᵀ(A_iA_iᵀ)B_i: n·T·(T·(d_out + d_in) + d²) multiply-adds."""
-        n = self.B.shape[1]
-        mean = self.B.flatten(1, 2).mT @ self.A.flatten(1, 2) / n
-        tall = mean.shape[-2] > mean.shape[-1]
-        side, other, wide = (self.A, self.B, mean.mT) if tall else (self.B, self.A, mean)
+        """(Σ_i G_i [L, d_out, d_in], Σ_i G_iG_iᵀ [L, d, d], n): the candidates' gradient sum and second moment on
+        the short side d (G_iᵀG_i where d_out > d_in), each G_iG_iᵀ through the candidate's T×T Gram,
+        B_iᵀ(A_iA_iᵀ)B_i: n·T·(T·(d_out + d_in) + d²) multiply-adds."""
+        total = self.B.flatten(1, 2).mT @ self.A.flatten(1, 2)
+        side, other = (self.A, self.B) if total.shape[-2] > total.shape[-1] else (self.B, self.A)
         # layer by layer: each layer's rows are contiguous where the stack's (a slice of the pass's rows) are not
         second = torch.stack([s.flatten(0, 1).mT @ ((o @ o.mT) @ s).flatten(0, 1) for s, o in zip(side, other)])
-        cov = (second - n * (wide @ wide.mT)) / max(n - 1, 1)
-        return mean, (cov + cov.mT) / 2, n
+        return total, second, self.B.shape[1]
 
 
 @dataclass

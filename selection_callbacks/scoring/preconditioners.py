@@ -60,9 +60,8 @@ class StepDraws(Protocol):
         ...
 
     def moments(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(ḡ_C [L, *shape], S [L, d, d], n): the mean gradient of the n candidates and the covariance of one
-        candidate's gradient on the short side d (wide orientation, G Gᵀ for [d, m] with d ≤ m),
-        S = Σ_i (G_i − ḡ_C)(G_i − ḡ_C)ᵀ/(n − 1)."""
+        """(Σ_i G_i [L, *shape], Σ_i G_iG_iᵀ [L, d, d], n): the n candidates' gradient sum and second moment
+        on the short side d (wide orientation, G Gᵀ for [d, m] with d ≤ m); sums, so ranks can add theirs."""
         ...
 
 
@@ -472,23 +471,31 @@ def newton_schulz_left_factor(
     return (L[0], norm[0], tall) if single else (L, norm, tall)
 
 
-def moments_point(momentum: torch.Tensor, mean: torch.Tensor, cov: torch.Tensor, n: int, rows: int, coef: float) -> GramPoint:
+def moments_point(
+    momentum: torch.Tensor, total: torch.Tensor, second: torch.Tensor, n: torch.Tensor, rows: int, coef: float
+) -> GramPoint:
     """Muon's point for a K-row batch in expectation over its draw, from the candidates' moments.
 
-    The batch's mean gradient ḡ_B has mean μ and covariance S/K; the candidates' mean ḡ_C [L, *shape] estimates
-    μ with noise S/n (S [L, d, d] one candidate's covariance on the short side, ``StepDraws.moments``). The
-    James–Stein share α = clip(1 − (tr S/n)/‖ḡ_C‖², 0, 1) keeps in the point the part of ḡ_C that stands
-    above its own noise, U = ``momentum`` + coef·α·ḡ_C; the rest of the batch's second moment,
+    From the n candidates' gradient sum ``total`` [L, *shape] and second moment ``second`` [L, d, d] on the short
+    side (``StepDraws.moments``; ``n`` a tensor, so summed over ranks without a host sync) come their mean ḡ_C and
+    one candidate's covariance S = (Σ_i G_iG_iᵀ − n·ḡ_Cḡ_Cᵀ)/(n − 1). The batch's mean gradient ḡ_B has mean μ and
+    covariance S/K; ḡ_C estimates μ with noise S/n. The James–Stein share α = clip(1 − (tr S/n)/‖ḡ_C‖², 0, 1)
+    keeps in the point the part of ḡ_C that stands above its own noise, U = ``momentum`` + coef·α·ḡ_C; the rest
+    of the batch's second moment,
     E[ḡ_Bḡ_Bᵀ] ≈ ḡ_Cḡ_Cᵀ − S/n + S/K, enters as the Gram term
     E = coef²·((1 − α²)·ḡ_Cḡ_Cᵀ + max(1/K − 1/n, 0)·S) (K = ``rows``; the S term clipped at 0 where K > n).
     """
+    mean = total / n
     tall = mean.shape[-2] > mean.shape[-1]
     wide = mean.mT if tall else mean
+    outer = wide @ wide.mT
+    cov = (second - n * outer) / (n - 1).clamp_min(1)
+    cov = (cov + cov.mT) / 2
     energy = wide.square().sum((-2, -1))
     noise = cov.diagonal(dim1=-2, dim2=-1).sum(-1) / n  # E‖ḡ_C − μ‖²
     alpha = torch.where(energy > 0, 1 - noise / energy.clamp_min(torch.finfo(energy.dtype).tiny), 0.0).clamp(0, 1)
     U = momentum + coef * alpha[:, None, None] * mean
-    E = (1 - alpha.square())[:, None, None] * (wide @ wide.mT) + max(1 / rows - 1 / n, 0.0) * cov
+    E = (1 - alpha.square())[:, None, None] * outer + (1 / rows - 1 / n).clamp_min(0) * cov
     return GramPoint(U, coef * coef * E)
 
 
@@ -550,6 +557,7 @@ def _muon_map(
     draws: int = 8,
     mirrored: bool = False,
     moments: bool = False,
+    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> MuonMap:
     mu, nesterov = group["momentum"], group["nesterov"]
     bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
@@ -562,8 +570,9 @@ def _muon_map(
     gram = None
     if step is not None and batch_rows and moments:  # the moments point is also the frozen map's reference
         kept = torch.stack([torch.zeros_like(g, dtype=torch.float32) if m is None else m for g, m in zip(gbar, momentum)])
-        mean, cov, n = step.moments()
-        point = moments_point(kept, mean.float(), cov.float(), n, batch_rows, coef)
+        total, second, n = step.moments()
+        sums = (total.float(), second.float(), torch.tensor(float(n), device=total.device))
+        point = moments_point(kept, *(sums if reduce is None else map(reduce, sums)), batch_rows, coef)
         ref, gram = point.x, point.gram
     points: Sequence[torch.Tensor | GramPoint | SpectralNS]
     if ref.device.type == "cpu":  # one eigendecomposition gives the left factor and the VJP
@@ -638,6 +647,8 @@ class OptimizerPreconditioner:
             mean (M even; see :class:`StepDraws`), or M independent draws.
         muon_moments: instead of draws, one point carrying the batch's expected moments (:func:`moments_point`;
             needs ``muon_batch``).
+        muon_reduce: sums a tensor over the ranks that score one step's candidates (DDP; None: one process):
+            the moments point then reads every rank's candidates, and ``muon_batch`` counts the global batch.
     """
 
     def __init__(
@@ -648,6 +659,7 @@ class OptimizerPreconditioner:
         muon_draws: int = 8,
         muon_mirrored: bool = False,
         muon_moments: bool = False,
+        muon_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
     ) -> None:
         if muon_batch is not None and muon_batch < 1:
             raise ValueError(f"muon_batch must be ≥ 1 or None, got {muon_batch}")
@@ -659,7 +671,8 @@ class OptimizerPreconditioner:
             if type(opt) not in _MAPS:
                 raise TypeError(f"no ghost preconditioner for {type(opt).__name__}; supported: {SUPPORTED}")
         self._maps = {**_MAPS, torch.optim.AdamW: partial(_adamw_map, variant=adamw_map),
-                      torch.optim.Muon: partial(_muon_map, batch_rows=muon_batch, draws=muon_draws, mirrored=muon_mirrored, moments=muon_moments)}
+                      torch.optim.Muon: partial(_muon_map, batch_rows=muon_batch, draws=muon_draws, mirrored=muon_mirrored,
+                                                 moments=muon_moments, reduce=muon_reduce)}
         self._where: dict[int, tuple[torch.optim.Optimizer, dict]] = {
             id(p): (opt, g) for opt in inner for g in opt.param_groups for p in g["params"]
         }
