@@ -188,8 +188,8 @@ class GhostEngine:
         candidate_chunk: score candidates in forward/backward passes of at most this many rows
             (the proxy rows ride with the first), so activation memory stays flat in N (None: one
             pass over all rows, the fastest for small N). Rows must not interact (no batch norm).
-            Scores equal one pass's, except where a map draws the step's batch (Muon's batch point):
-            it draws from the first chunk's candidates.
+            Scores equal one pass's, except where a map reads the step's batch from the candidates (Muon's
+            batch and moments points): it reads the first chunk's.
         stack_layers: score same-shaped layers of one optimizer group as one stack (None: on
             accelerators; on a CPU, where it copies the captures and saves no launches, only the
             layers whose map gains from it, Muon's: :func:`stack_by_default`).

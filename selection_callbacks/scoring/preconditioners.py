@@ -481,8 +481,7 @@ def moments_point(
     one candidate's covariance S = (Σ_i G_iG_iᵀ − n·ḡ_Cḡ_Cᵀ)/(n − 1). The batch's mean gradient ḡ_B has mean μ and
     covariance S/K; ḡ_C estimates μ with noise S/n. The James–Stein share α = clip(1 − (tr S/n)/‖ḡ_C‖², 0, 1)
     keeps in the point the part of ḡ_C that stands above its own noise, U = ``momentum`` + coef·α·ḡ_C; the rest
-    of the batch's second moment,
-    E[ḡ_Bḡ_Bᵀ] ≈ ḡ_Cḡ_Cᵀ − S/n + S/K, enters as the Gram term
+    of the batch's second moment, E[ḡ_Bḡ_Bᵀ] ≈ ḡ_Cḡ_Cᵀ − S/n + S/K, enters as the Gram term
     E = coef²·((1 − α²)·ḡ_Cḡ_Cᵀ + max(1/K − 1/n, 0)·S) (K = ``rows``; the S term clipped at 0 where K > n).
     """
     mean = total / n
@@ -564,16 +563,18 @@ def _muon_map(
     coef = (1 - mu * mu) if nesterov else (1 - mu)
     carry = mu * mu if nesterov else mu
     momentum = [None if buf is None else carry * buf.float() for buf in bufs]  # the share U keeps as g → 0
-    # the frozen map's reference: the momentum's share, or before the first step the proxy's update
-    ref = torch.stack([coef * g.float() if m is None else m for g, m in zip(gbar, momentum)])
     ns = NewtonSchulz(tuple(group["ns_coefficients"]), group["ns_steps"], group["eps"])
-    gram = None
-    if step is not None and batch_rows and moments:  # the moments point is also the frozen map's reference
+    batch = step is not None and bool(batch_rows)
+    if batch:  # the momentum's share of a point that adds the step's batch (zero before the first step)
         kept = torch.stack([torch.zeros_like(g, dtype=torch.float32) if m is None else m for g, m in zip(gbar, momentum)])
+    gram = None
+    if batch and moments:  # the moments point is also the frozen map's reference
         total, second, n = step.moments()
         sums = (total.float(), second.float(), torch.tensor(float(n), device=total.device))
         point = moments_point(kept, *(sums if reduce is None else map(reduce, sums)), batch_rows, coef)
         ref, gram = point.x, point.gram
+    else:  # the frozen map's reference: the momentum's share, or before the first step the proxy's update
+        ref = torch.stack([coef * g.float() if m is None else m for g, m in zip(gbar, momentum)])
     points: Sequence[torch.Tensor | GramPoint | SpectralNS]
     if ref.device.type == "cpu":  # one eigendecomposition gives the left factor and the VJP
         at_ref = ns.spectral(ref, gram)
@@ -581,8 +582,7 @@ def _muon_map(
     else:  # accelerators stay in matrix products (NewtonSchulz.vjp)
         L, norm, tall = newton_schulz_left_factor(ref, ns.coefficients, ns.steps, ns.eps, gram)
         points = ref[None] if gram is None else [GramPoint(ref, gram)]
-    if step is not None and batch_rows and not moments:
-        kept = torch.stack([torch.zeros_like(g, dtype=torch.float32) if m is None else m for g, m in zip(gbar, momentum)])
+    if batch and not moments:
         points = step.mean_gradients(batch_rows, draws, mirrored).float().mul_(coef).add_(kept)
     lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
     return MuonMap(lr * coef / norm, L, tall, points, lr * coef, ns)
