@@ -568,8 +568,8 @@ class GhostEngine:
                                                                 A[k : k + 1, i : i + rows]).mul_(weights[k : k + 1]))
                              for i in range(0, B.shape[1], rows)]
             return torch.cat(sketches).view(len(names), B.shape[1], -1).sum(0)
-        if hasattr(pre, "token_scales"):  # elementwise token factors: fold the scales into the hashes' signs
-            return sketcher(B, A, *pre.token_scales())
+        if hasattr(pre, "token_maps"):  # the token factors' maps folded into the sketch's dense rows
+            return sketcher(B, A, *pre.token_maps())
         return sketcher(*pre.token_factors(B, A))
 
     def _sq_norms(self, pre: Preconditioner, B: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
