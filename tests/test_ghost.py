@@ -139,6 +139,29 @@ def test_engine_sketches_are_unbiased(opt_name: str, sketch: str) -> None:
     assert float(((est.mean(0) - gram).abs() / scale).max()) < 0.25
 
 
+@pytest.mark.parametrize("tolerance", [0.0, math.inf])
+def test_adamw_utilities_are_exact_beside_either_sketch_path(tolerance: float) -> None:
+    """AdamW with a tensor sketch, formed (factor_tolerance 0: the utilities read the formed G_i the sketch hashes)
+    or through the factors (∞: the utilities' own product): the utilities match per-sample gradients, and the formed
+    sketch is each layer's CountSketch of P G_i in its block."""
+    model, opt = trained("adamw", 3)
+    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    engine = GhostEngine(model, include_head=True, sketch_dim=256, factor_tolerance=tolerance)
+    got = engine.score(row_losses(model), batch, N_CAND, resolver, seed=2)
+    want, _ = brute_force(model, batch, resolver, scored_layers(model, include_head=True))
+    torch.testing.assert_close(got.utilities, want, rtol=1e-4, atol=1e-6 * float(want.abs().max()))
+    if tolerance == 0.0:
+        G, params = per_sample_grads(model, batch), dict(model.named_parameters())
+        blocks, sketch = sketch_blocks([m.weight.numel() for _, m in engine.layers], 256), torch.zeros(N_CAND, 256)
+        for index, (name, _) in enumerate(engine.layers):
+            grads = G[f"{name}.weight"]
+            PG = resolver([params[f"{name}.weight"]], grads[N_CAND:].mean(0)[None]).apply(grads[None, :N_CAND])[0]
+            offset, n = blocks[index]
+            bins, signs = TensorSketch(256, *PG.shape[1:], 2, [index], torch.device("cpu"), n, [offset]).explicit()
+            sketch.index_add_(1, bins[0], PG.flatten(1) * signs[0])
+        torch.testing.assert_close(got.sketches, sketch, rtol=1e-4, atol=1e-4 * float(sketch.abs().max()))
+
+
 @pytest.mark.parametrize("opt_name", ["sgd", "muon"])
 def test_engine_tensor_sketch_is_each_layers_count_sketch_in_its_block(opt_name: str) -> None:
     """Exact maps (SGD, Muon; the embedding's AdamW diagonal is gathered exactly, only a linear layer's AdamW map is

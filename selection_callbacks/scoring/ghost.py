@@ -428,7 +428,11 @@ class GhostEngine:
         if N == 0:
             return
         B, A, out = B[:, :N], A[:, :N], out[:, :N]
-        u = _linear_utilities(B, A, maps.Q)
+        formed = self.sketch_dim and self.sketch != "count" and not maps.factored
+        if formed:  # the sketch forms every G_i: the utilities read them instead of a product of their own
+            u, sketch = self._formed_sketch(names, maps, B, A, state)
+        else:
+            u = _linear_utilities(B, A, maps.Q)
         bias_pg = None
         if maps.bias_pre is not None:  # G_bias = Σ_t ∂ℓ/∂y_t
             g_bias = out.sum(2)  # [L, N, d_out]
@@ -437,7 +441,7 @@ class GhostEngine:
                 bias_pg = maps.bias_pre.apply(g_bias)
         state.utilities.update(zip(names, u.unbind(0)))
         if self.sketch_dim:
-            state.add_sketch(self._sketch_linear(names, maps, B, A, state))
+            state.add_sketch(sketch if formed else self._sketch_linear(names, maps, B, A, state))
             if bias_pg is not None:
                 cs = self._sketcher(tuple(n + ".bias" for n in names), CountSketch, bias_pg.shape[-1], 1, state.seed, B.device)
                 state.add_sketch(cs(bias_pg[..., None]))
@@ -557,20 +561,32 @@ class GhostEngine:
             cs = self._sketcher(names, CountSketch, d_out, d_in, state.seed, B.device)
             return torch.cat([cs(G) for G in self._materialised(pre, B, A)])
         cls = TensorSketch if self.sketch == "tensor" else TwoSidedProjection
+        if not maps.factored:
+            return self._formed_sketch(names, maps, B, A, state, utilities=False)[1]
         sketcher = self._sketcher(names, cls, d_out, d_in, state.seed, B.device)
-        if not maps.factored:  # AdamW beyond the tolerance: the tensor sketch's hash on the formed P G_i
-            weights = pre.apply(sketcher.signs())  # C·D ⊙ s1(o)s2(i): the map and the hash's signs in one pass
-            rows = max(1, MATERIALISED_ELEMENTS // weights[0].numel())
-            sketches = []  # layer by layer (each layer's own sketcher hashes as the stack's does), so a chunk stays in cache
-            for k, name in enumerate(names):
-                layer = self._sketcher((name,), cls, d_out, d_in, state.seed, B.device)
-                sketches += [layer.signed_matrices(torch.einsum("lnto,lnti->nloi", B[k : k + 1, i : i + rows],
-                                                                A[k : k + 1, i : i + rows]).mul_(weights[k : k + 1]))
-                             for i in range(0, B.shape[1], rows)]
-            return torch.cat(sketches).view(len(names), B.shape[1], -1).sum(0)
-        if hasattr(pre, "token_scales"):  # elementwise token factors: fold the scales into the hashes' signs
-            return sketcher(B, A, *pre.token_scales())
+        if hasattr(pre, "token_maps"):  # the token factors' maps folded into the sketch's dense rows
+            return sketcher(B, A, *pre.token_maps())
         return sketcher(*pre.token_factors(B, A))
+
+    def _formed_sketch(self, names: tuple[str, ...], maps: "_LayerMaps", B: torch.Tensor, A: torch.Tensor,
+                       state: "_PassState", utilities: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
+        """(utilities [L, N] or None, sketch [N, m]) of an AdamW stack beyond the factor tolerance: the tensor sketch's
+        hash on the formed P G_i. Each G_i = Σ_t b_t a_tᵀ is formed once, in chunks that stay in cache, and read
+        twice: u_i = ⟨G_i, Q⟩ (where asked), then C·D ⊙ s1(o)s2(i) ⊙ G_i hashed (the map and the hash's signs in
+        one pass)."""
+        d_out, d_in = B.shape[-1], A.shape[-1]
+        weights = maps.pre.apply(self._sketcher(names, TensorSketch, d_out, d_in, state.seed, B.device).signs())
+        rows = max(1, MATERIALISED_ELEMENTS // weights[0].numel())
+        u, sketches = [], []  # layer by layer (each layer's own sketcher hashes as the stack's does)
+        for k, name in enumerate(names):
+            layer = self._sketcher((name,), TensorSketch, d_out, d_in, state.seed, B.device)
+            for i in range(0, B.shape[1], rows):
+                G = torch.einsum("lnto,lnti->nloi", B[k : k + 1, i : i + rows], A[k : k + 1, i : i + rows])
+                if utilities:
+                    u.append(G.flatten(1) @ maps.Q[k].flatten())
+                sketches.append(layer.signed_matrices(G.mul_(weights[k : k + 1])))
+        sketch = torch.cat(sketches).view(len(names), B.shape[1], -1).sum(0)
+        return (torch.cat(u).view(len(names), B.shape[1]) if utilities else None), sketch
 
     def _sq_norms(self, pre: Preconditioner, B: torch.Tensor, A: torch.Tensor) -> torch.Tensor:
         """[L, N] ‖P G_i‖² per layer."""

@@ -104,7 +104,7 @@ class ScalarMap:
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         return lead(self.c, b.ndim) * b, a
 
-    def token_scales(self) -> tuple[Scale, None]:
+    def token_maps(self) -> tuple[Scale, None]:
         """(c as a number or [L, 1], None): token_factors(b, a) = (c·b, a)."""
         return lead(self.c, 2), None
 
@@ -210,10 +210,10 @@ class DiagonalMap:
         return self._factors
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
-        scale_b, scale_a = self.token_scales()
+        scale_b, scale_a = self.token_maps()
         return lead(scale_b, b.ndim) * b, lead(scale_a, a.ndim) * a
 
-    def token_scales(self) -> tuple[torch.Tensor, torch.Tensor]:
+    def token_maps(self) -> tuple[torch.Tensor, torch.Tensor]:
         """(C·κ·r [L, d_out], c [L, d_in]): token_factors(b, a) = (C·κ·r ⊙ b, c ⊙ a), the rescaled rank-1 map
         (:attr:`norm_scale`), for sketches that fold the scales in."""
         r, c = self.rank1()
@@ -438,6 +438,13 @@ class MuonMap:
         if self.tall:
             return lead(self.scale, b.ndim) * b, rows_matmul(a, self.L)
         return lead(self.scale, b.ndim) * rows_matmul(b, self.L), a
+
+    def token_maps(self) -> tuple[Scale, torch.Tensor | None]:
+        """token_factors(b, a) as (scale·L [L, d, d], None), or (scale [L, 1] or a number, L) where the weight is
+        tall: the matrices send a factor x to x L, so a sketch folds them into its own dense rows."""
+        if self.tall:
+            return lead(self.scale, 2), self.L
+        return lead(self.scale, 3) * self.L, None
 
 
 def newton_schulz_left_factor(

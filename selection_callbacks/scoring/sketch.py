@@ -81,7 +81,7 @@ class TensorSketch:
         return bins.flatten(1), (self.s1[:, :, None] * self.s2[:, None, :]).flatten(1)
 
     def __call__(self, b: torch.Tensor, a: torch.Tensor, scale_b=None, scale_a=None) -> torch.Tensor:
-        """b [L, N, T, d_out], a [L, N, T, d_in] → [N, m]; optional scales ([L, d], [L, 1] or numbers) multiply b and a first."""
+        """b [L, N, T, d_out], a [L, N, T, d_in] → [N, m]; ``scale_b`` and ``scale_a`` map b and a first (see :func:`_rows`)."""
         fb = rows_matmul(b.float(), _rows(self.f1, scale_b))  # [L, N, T, 2(n//2 + 1)]
         fa = rows_matmul(a.float(), _rows(self.f2, scale_a))
         return self._place((_complex(fb) * _complex(fa)).sum(2))
@@ -187,23 +187,32 @@ class TwoSidedProjection:
         self.ro, self.ri = torch.stack(ro).to(device), torch.stack(ri).to(device)
 
     def __call__(self, b: torch.Tensor, a: torch.Tensor, scale_b=None, scale_a=None) -> torch.Tensor:
-        """b [L, N, T, d_out], a [L, N, T, d_in] → [N, m]; optional scales ([L, d], [L, 1] or numbers) multiply b and a first."""
-        ro = self.ro if scale_b is None else self.ro * _columns(scale_b)
-        ri = self.ri if scale_a is None else self.ri * _columns(scale_a)
+        """b [L, N, T, d_out], a [L, N, T, d_in] → [N, m]; ``scale_b`` and ``scale_a`` map b and a first (see :func:`_rows`)."""
+        ro = _columns(self.ro, scale_b)
+        ri = _columns(self.ri, scale_a)
         pb = rows_matmul(b.float(), ro.mT)  # [L, N, T, side]
         pa = rows_matmul(a.float(), ri.mT)
         return torch.einsum("lnto,lnti->noi", pb, pa).reshape(b.shape[1], -1)
 
 
-def _columns(scale):
-    """A per-layer scale [L, d] (or [L, 1]) as [L, 1, d] to multiply the columns of [L, side, d] projections."""
-    return scale[:, None, :] if isinstance(scale, torch.Tensor) else scale
+def _columns(r: torch.Tensor, scale) -> torch.Tensor:
+    """Per-layer projections r [L, side, d] of factors mapped first by ``scale`` (as in :func:`_rows`): r·scale over
+    the columns, or r Mᵀ for a matrix M [L, d, d] (R(xM)ᵀ = (R Mᵀ) xᵀ)."""
+    if scale is None:
+        return r
+    if isinstance(scale, torch.Tensor) and scale.ndim == 3:
+        return r @ scale.mT
+    return r * (scale[:, None, :] if isinstance(scale, torch.Tensor) else scale)
 
 
 def _rows(f: torch.Tensor, scale) -> torch.Tensor:
-    """Per-layer DFT rows [L, d, k] scaled by a factor ([L, d], [L, 1] or a number; None: as they are)."""
+    """Per-layer DFT rows f [L, d, k] of factors x mapped first by ``scale``: a factor ([L, d], [L, 1] or a number)
+    that multiplies x's coordinates, or a matrix M [L, d, d] that sends x to x M (then (x M) f = x (M f));
+    None: the rows as they are."""
     if scale is None:
         return f
+    if isinstance(scale, torch.Tensor) and scale.ndim == 3:
+        return scale @ f
     return f * (scale[..., None] if isinstance(scale, torch.Tensor) else scale)
 
 
