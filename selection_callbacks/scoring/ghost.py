@@ -428,7 +428,7 @@ class GhostEngine:
         if N == 0:
             return
         B, A, out = B[:, :N], A[:, :N], out[:, :N]
-        formed = self.sketch_dim and self.sketch != "count" and not maps.factored
+        formed = bool(self.sketch_dim) and self.sketch != "count" and not maps.factored
         if formed:  # the sketch forms every G_i: the utilities read them instead of a product of their own
             u, sketch = self._formed_sketch(names, maps, B, A, state)
         else:
@@ -560,9 +560,9 @@ class GhostEngine:
         if self.sketch == "count":
             cs = self._sketcher(names, CountSketch, d_out, d_in, state.seed, B.device)
             return torch.cat([cs(G) for G in self._materialised(pre, B, A)])
-        cls = TensorSketch if self.sketch == "tensor" else TwoSidedProjection
         if not maps.factored:
             return self._formed_sketch(names, maps, B, A, state, utilities=False)[1]
+        cls = TensorSketch if self.sketch == "tensor" else TwoSidedProjection
         sketcher = self._sketcher(names, cls, d_out, d_in, state.seed, B.device)
         if hasattr(pre, "token_maps"):  # the token factors' maps folded into the sketch's dense rows
             return sketcher(B, A, *pre.token_maps())
