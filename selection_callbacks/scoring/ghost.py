@@ -428,7 +428,7 @@ class GhostEngine:
         if N == 0:
             return
         B, A, out = B[:, :N], A[:, :N], out[:, :N]
-        formed = bool(self.sketch_dim) and self.sketch != "count" and not maps.factored
+        formed = not maps.factored  # only a tensor sketch's AdamW stacks beyond the tolerance (_choose_sketch_path)
         if formed:  # the sketch forms every G_i: the utilities read them instead of a product of their own
             u, sketch = self._formed_sketch(names, maps, B, A, state)
         else:

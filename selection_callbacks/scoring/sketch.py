@@ -188,27 +188,15 @@ class TwoSidedProjection:
 
     def __call__(self, b: torch.Tensor, a: torch.Tensor, scale_b=None, scale_a=None) -> torch.Tensor:
         """b [L, N, T, d_out], a [L, N, T, d_in] → [N, m]; ``scale_b`` and ``scale_a`` map b and a first (see :func:`_rows`)."""
-        ro = _columns(self.ro, scale_b)
-        ri = _columns(self.ri, scale_a)
-        pb = rows_matmul(b.float(), ro.mT)  # [L, N, T, side]
-        pa = rows_matmul(a.float(), ri.mT)
+        pb = rows_matmul(b.float(), _rows(self.ro.mT, scale_b))  # [L, N, T, side]
+        pa = rows_matmul(a.float(), _rows(self.ri.mT, scale_a))
         return torch.einsum("lnto,lnti->noi", pb, pa).reshape(b.shape[1], -1)
 
 
-def _columns(r: torch.Tensor, scale) -> torch.Tensor:
-    """Per-layer projections r [L, side, d] of factors mapped first by ``scale`` (as in :func:`_rows`): r·scale over
-    the columns, or r Mᵀ for a matrix M [L, d, d] (R(xM)ᵀ = (R Mᵀ) xᵀ)."""
-    if scale is None:
-        return r
-    if isinstance(scale, torch.Tensor) and scale.ndim == 3:
-        return r @ scale.mT
-    return r * (scale[:, None, :] if isinstance(scale, torch.Tensor) else scale)
-
-
 def _rows(f: torch.Tensor, scale) -> torch.Tensor:
-    """Per-layer DFT rows f [L, d, k] of factors x mapped first by ``scale``: a factor ([L, d], [L, 1] or a number)
-    that multiplies x's coordinates, or a matrix M [L, d, d] that sends x to x M (then (x M) f = x (M f));
-    None: the rows as they are."""
+    """Per-layer rows f [L, d, k] (a sketch's DFT rows, a projection's transpose) of factors x mapped first by
+    ``scale``: a factor ([L, d], [L, 1] or a number) that multiplies x's coordinates, or a matrix M [L, d, d] that
+    sends x to x M (then (x M) f = x (M f)); None: the rows as they are."""
     if scale is None:
         return f
     if isinstance(scale, torch.Tensor) and scale.ndim == 3:
