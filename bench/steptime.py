@@ -72,7 +72,7 @@ def in_run_ratio(run: dict[str, Any], random: dict[str, Any]) -> float | None:
     own, base = run.get("selection_step_seconds"), random.get("selection_step_seconds")
     if own is None or base is None:
         return None
-    return run["step_seconds"] / (run["step_seconds"] - own + base)
+    return run["step_seconds"] / (run["step_seconds"] - (own - base))  # random against itself: exactly 1
 
 
 def machine_line(rows: dict[str, list[dict[str, Any]]]) -> str:
