@@ -27,8 +27,9 @@ K-row batches S), ``batch_2`` and ``batch_1`` (the same over 2 draws and 1: a qu
 its vector–Jacobian products), ``candidate_mean`` (at μ²·buf + (1 − μ²)·ḡ_C with ḡ_C the mean gradient
 of all N candidates: one product, as the momentum point), ``mirrored_2`` and ``mirrored_8`` (one and four
 drawn batches each with its mirror image 2ḡ_C − ḡ_S about that mean: 2 and 8 products), ``moments`` (one point
-carrying a K-row batch's expected moments from the candidates: ``moments_point``, one product) and ``frozen_ns`` (the old self-adjoint map,
-Newton–Schulz frozen at the momentum);
+carrying a K-row batch's expected moments from the candidates: ``moments_point``, one product), ``lag_1``, ``lag_3`` and
+``lag_7`` (the momentum point taken 1, 3 and 7 steps earlier: the stalest point ``OPUSSelection(muon_refresh=r)``
+reads for r = 2, 4, 8) and ``frozen_ns`` (the old self-adjoint map, Newton–Schulz frozen at the momentum);
 ``at_base_batch`` is the derivative at the point the reference step really orthogonalises
 (μ²·buf + (1 − μ²)·K/(K+1)·ḡ_B), which needs the base batch no scorer sees: the ceiling of any
 evaluation point.
@@ -74,7 +75,9 @@ K, N_CAND, N_PROXY, TRAIN_BATCH = 16, 32, 8, 8
 LR, WD, BETA1, BETA2, MUON_LR, MUON_MU = 3e-3, 0.1, 0.9, 0.95, 0.02, 0.95
 NS = NewtonSchulz((torch_muon.DEFAULT_A, torch_muon.DEFAULT_B, torch_muon.DEFAULT_C), torch_muon.DEFAULT_NS_STEPS, torch_muon.EPS)
 VARIANTS = {"adamw": ("frozen", "proxy_in_v"),
-            "muon": ("momentum", "batch", "batch_2", "batch_1", "candidate_mean", "mirrored_2", "mirrored_8", "moments", "frozen_ns", "at_base_batch")}
+            "muon": ("momentum", "batch", "batch_2", "batch_1", "candidate_mean", "mirrored_2", "mirrored_8", "moments", "lag_1", "lag_3", "lag_7", "frozen_ns",
+                     "at_base_batch")}
+LAGS = (1, 3, 7)
 
 Resolver = Callable[..., object]
 
@@ -185,6 +188,31 @@ class AtBaseBatch:
         return self.inner(params, gbar, SimpleNamespace(mean_gradients=lambda rows, draws, mirrored: batch) if step is not None else None)
 
 
+class Lagged:
+    """The momentum point of an earlier step: the OPUS preconditioner resolved while Muon's momentum buffers hold
+    ``buffers`` (param → the buffer of that step), the live ones put back before it returns (the map has read them)."""
+
+    def __init__(self, opt: torch.optim.Optimizer, buffers: dict[torch.nn.Parameter, torch.Tensor]) -> None:
+        self.inner = OptimizerPreconditioner(opt)
+        self.muon, self.buffers = opt.muon, buffers
+
+    def group_key(self, param):
+        return self.inner.group_key(param)
+
+    def stacks(self, param):
+        return self.inner.stacks(param)
+
+    def __call__(self, params, gbar, step=None):
+        live = {p: self.muon.state[p]["momentum_buffer"] for p in self.buffers}
+        try:
+            for p, buf in self.buffers.items():
+                self.muon.state[p]["momentum_buffer"] = buf
+            return self.inner(params, gbar, step)
+        finally:
+            for p, buf in live.items():
+                self.muon.state[p]["momentum_buffer"] = buf
+
+
 class FrozenMaps:
     """The maps before the derivative: utilities ⟨P G_i, ḡ⟩ through the frozen, self-adjoint P
     (AdamW with ḡ² in v, Muon's Newton–Schulz frozen at the momentum)."""
@@ -245,8 +273,9 @@ def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolve
     return Probe(utilities, np.array(effect), bf16_error)
 
 
-def resolvers(opt: torch.optim.Optimizer, name: str) -> dict[str, Resolver]:
-    """The map variants of ``name``'s configuration (see the module docstring), as OPUS resolves them at K rows."""
+def resolvers(opt: torch.optim.Optimizer, name: str, history: list[dict] | None = None) -> dict[str, Resolver]:
+    """The map variants of ``name``'s configuration (see the module docstring), as OPUS resolves them at K rows;
+    ``history`` holds Muon's momentum buffers after each earlier step, the latest last (the lagged points)."""
     trainer = SimpleNamespace(optimizers=[opt], accumulate_grad_batches=1, world_size=1)
     if name == "adamw":
         return {"frozen": OPUSSelection().preconditioner(trainer, K),
@@ -259,6 +288,7 @@ def resolvers(opt: torch.optim.Optimizer, name: str) -> dict[str, Resolver]:
             "mirrored_2": OPUSSelection(muon_point="batch", muon_draws=2, muon_mirrored=True).preconditioner(trainer, K),
             "mirrored_8": OPUSSelection(muon_point="batch", muon_draws=8, muon_mirrored=True).preconditioner(trainer, K),
             "moments": OPUSSelection(muon_point="moments").preconditioner(trainer, K),
+            **{f"lag_{lag}": Lagged(opt, history[-1 - lag]) for lag in LAGS if history and len(history) > lag},
             "frozen_ns": FrozenMaps(opt)}
 
 
@@ -274,10 +304,13 @@ def stages(name: str, beta2: float, seed: int, steps: list[int]) -> Iterator[tup
     model = GPT(CFG)
     opt = make_optimizer(model, name, beta2)
     gen = torch.Generator().manual_seed(100 + seed)
+    history: list[dict] = []  # Muon's momentum buffers after each of the last max(LAGS) + 1 steps
     for step in range(1, max(steps) + 1):
         train_step(model, opt, gen)
+        if name == "muon":
+            history = [*history[-max(LAGS):], {p: st["momentum_buffer"].clone() for p, st in opt.muon.state.items()}]
         if step in steps:
-            yield step, probe(model, opt, name, resolvers(opt, name), torch.Generator().manual_seed(7 * seed + step), beta2)
+            yield step, probe(model, opt, name, resolvers(opt, name, history), torch.Generator().manual_seed(7 * seed + step), beta2)
 
 
 def summarise(states: list[dict]) -> list[dict]:

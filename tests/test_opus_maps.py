@@ -12,9 +12,11 @@ more stages, AdamW's β₂ and the map variants.
 
 from __future__ import annotations
 
+import io
 import json
 import statistics
 from decimal import Decimal, localcontext
+from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
@@ -22,16 +24,21 @@ import torch
 from scipy.stats import spearmanr
 from torch.optim._muon import _adjust_lr
 
+import train
 from bench.utility_ranking import (
     CFG, K, MUON_LR, MUON_MU, N_PROXY, NS, POOL, TARGET, TRAIN_BATCH, AtBaseBatch, FrozenMaps, RealStep, cat, make_optimizer, ns64,
     per_sample_grads, probe, relative, train_step, windows,
 )
+from selection_callbacks.core.ledger_store import read_ledger
 from selection_callbacks.methods import OPUSSelection
 from selection_callbacks.nn.gpt import GPT
 from selection_callbacks.scoring.ghost import CandidateDraws, GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import TENSOR_FLOOR, GramPoint, OptimizerPreconditioner, newton_schulz_left_factor
+from selection_callbacks.scoring.preconditioners import (
+    TENSOR_FLOOR, GramPoint, HeldPoints, OptimizerPreconditioner, newton_schulz_left_factor,
+)
 
+ROOT = Path(__file__).resolve().parents[1]
 STEPS, SEEDS = (5, 300), (0, 1, 2)
 # torch's bfloat16 Newton–Schulz is 4–7% (relative Frobenius) from exact arithmetic on these momenta,
 # float32 2e-6: five steps of a polynomial with slope 3.4 at 0 amplify bfloat16's 2⁻⁸ rounding
@@ -372,6 +379,63 @@ def test_muon_moments_point_utilities_match_brute_force(stack: bool) -> None:
         return _adjust_lr(MUON_LR, None, p.shape) * coef * augmented_vjp(U[None], N[None], G[name][n:].mean(0)[None])[0]
 
     assert_muon_utilities(got, model, opt, G, n, vector)
+
+
+def test_held_muon_points_differentiate_at_the_momentum_of_their_refresh_step() -> None:
+    """Held for 3 steps, the point taken at step 1 serves steps 1–3 (each step's own proxy gradient and lr) and
+    step 4 takes a new one; a HeldPoints restored from a saved state_dict reads the same derivative."""
+    model, opt, gen = trained("muon", 1)
+    muon = next(o for o in opt.optimizers if isinstance(o, torch.optim.Muon))
+    weight = model.blocks[0].mlp.fc.weight
+    held = HeldPoints(3, {id(p): name for name, p in model.named_parameters()})
+    scale = _adjust_lr(MUON_LR, None, weight.shape) * (1 - MUON_MU**2)
+    for step in range(1, 6):
+        momentum = MUON_MU**2 * muon.state[weight]["momentum_buffer"].clone()[None]
+        taken = momentum if step in (1, 4) else taken
+        gbar = 1e-3 * torch.randn(weight.shape, generator=gen)[None]
+        held.step = step
+        got = OptimizerPreconditioner(opt, muon_held=held)([weight], gbar).utility_vector(gbar)
+        torch.testing.assert_close(got, scale * NS.vjp(taken, gbar))
+        if step in (2, 5):  # a held point, not this step's momentum
+            assert relative(got, scale * NS.vjp(momentum, gbar)) > 1e-3
+            buffer = io.BytesIO()
+            torch.save(held.state_dict(), buffer)
+            restored = HeldPoints(3, held.names)
+            restored.load_state_dict(torch.load(io.BytesIO(buffer.getvalue())))
+            restored.step = step
+            assert torch.equal(OptimizerPreconditioner(opt, muon_held=restored)([weight], gbar).utility_vector(gbar), got)
+        train_step(model, opt, gen)
+
+
+def test_held_muon_points_resume_to_the_same_scores(tiny_corpus, tmp_path) -> None:
+    """OPUS under Muon with points held 4 steps, checkpointed at step 3 (its point taken at step 1) and resumed:
+    steps 3–5 score as in the run that never stopped (the restored point serves steps 3 and 4)."""
+    base = ["fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config", str(ROOT / "configs/method/opus.yaml"),
+            "--data.pool", tiny_corpus["pool"], "--data.target", tiny_corpus["target"], "--data.val", tiny_corpus["val"],
+            "--data.seq_len", "32", "--data.progress", "false", "--data.val_samples", "16",
+            "--model.config.n_layer", "2", "--model.config.n_embd", "32", "--model.config.n_head", "2",
+            "--model.optimizer", "muon", "--selection.init_args.muon_refresh", "4",
+            "--trainer.max_steps", "6", "--trainer.val_check_interval", "3", "--trainer.enable_progress_bar", "false",
+            "--trainer.logger", "false", "--trainer.enable_checkpointing", "true",
+            "--trainer.callbacks+=ModelCheckpoint", "--trainer.callbacks.save_top_k=-1"]
+    train.main([*base, "--trainer.default_root_dir", str(tmp_path / "full"), f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}"])
+    train.main([*base, "--trainer.default_root_dir", str(tmp_path / "resumed"), f"--trainer.callbacks.dirpath={tmp_path / 'ckpt2'}",
+                "--ckpt_path", str(tmp_path / "ckpt" / "epoch=0-step=3.ckpt")])
+    full, resumed = (read_ledger(tmp_path / name).to_pydict() for name in ("full", "resumed"))
+    late = [i for i, step in enumerate(full["step"]) if step >= 3]
+    assert sorted(set(resumed["step"])) == [3, 4, 5]
+    for column in ("sample_id", "selected"):
+        assert resumed[column] == [full[column][i] for i in late], column
+    torch.testing.assert_close(torch.tensor(resumed["score"]), torch.tensor([full["score"][i] for i in late]), rtol=1e-5, atol=1e-6)
+
+
+def test_held_muon_points_are_refused_where_the_point_is_drawn() -> None:
+    with pytest.raises(ValueError, match="muon_refresh must be ≥ 1"):
+        OPUSSelection(muon_refresh=0)
+    with pytest.raises(ValueError, match="muon_point='momentum' or muon_refresh=1"):
+        OPUSSelection(muon_point="moments", muon_refresh=4)
+    with pytest.raises(ValueError, match="muon_held needs muon_batch=None"):
+        OptimizerPreconditioner(make_optimizer(GPT(CFG), "muon"), muon_batch=4, muon_held=HeldPoints(2, {}))
 
 
 def test_unknown_muon_point_is_refused() -> None:

@@ -13,7 +13,7 @@ from typing_extensions import override
 from selection_callbacks.core.selection import Scores
 from selection_callbacks.scoring.ghost import Resolver
 from selection_callbacks.callbacks.ghost import GhostSelection
-from selection_callbacks.scoring.preconditioners import AdamWMap, OptimizerPreconditioner, check_map_options
+from selection_callbacks.scoring.preconditioners import AdamWMap, HeldPoints, OptimizerPreconditioner, check_map_options
 
 
 class OPUSSelection(GhostSelection):
@@ -66,6 +66,13 @@ class OPUSSelection(GhostSelection):
         muon_mirrored: the points as ``muon_draws``/2 drawn batches ḡ_S and their mirror images 2ḡ_C − ḡ_S
             about the candidates' mean ḡ_C (antithetic pairs: the derivative's terms odd in the batch's
             noise cancel), or ``muon_draws`` independent draws.
+        muon_refresh: optimizer steps each Muon momentum point is held (``muon_point="momentum"``; see
+            :class:`~selection_callbacks.scoring.preconditioners.HeldPoints`): the eigendecompositions run on
+            one step in ``muon_refresh``, the vector–Jacobian products on every step's proxy gradient at a
+            point up to ``muon_refresh`` − 1 steps old. 1: every step's own momentum. On cpu-tiny under tuned
+            Muon, 4 saves 0.11 of a random step (1.44× against 1.55×; 1.40× without the sketch) and keeps 69% of
+            the online oracle's gain against 79% (71% without the sketch; 3 paired seeds,
+            bench/results/default-muon-refresh/README.md).
         **kwargs: :class:`GhostSelection` arguments (``score_len``, ``sketch_dim``,
             ``proxy_batch_size``, ``proxy``, ``include_embedding``, ``seed``, ...).
     """
@@ -79,10 +86,14 @@ class OPUSSelection(GhostSelection):
         muon_point: Literal["batch", "momentum", "moments"] = "momentum",
         muon_draws: int = 8,
         muon_mirrored: bool = False,
+        muon_refresh: int = 1,
         **kwargs: Any,
     ) -> None:
         if muon_point not in ("batch", "momentum", "moments"):
             raise ValueError(f"muon_point must be 'batch', 'momentum' or 'moments', got {muon_point!r}")
+        if muon_refresh != 1 and muon_point != "momentum":
+            raise ValueError(f"muon_refresh={muon_refresh} holds momentum points; muon_point={muon_point!r} draws a new point "
+                             "from each step's candidates: use muon_point='momentum' or muon_refresh=1")
         check_map_options(adamw_map, muon_draws, muon_mirrored)
         if redundancy_weight < 0:
             raise ValueError(f"redundancy_weight must be ≥ 0, got {redundancy_weight}")
@@ -91,6 +102,13 @@ class OPUSSelection(GhostSelection):
         super().__init__(ratio=ratio, temperature=temperature, **kwargs)
         self.redundancy_weight, self.adamw_map = redundancy_weight, adamw_map
         self.muon_point, self.muon_draws, self.muon_mirrored = muon_point, muon_draws, muon_mirrored
+        self.held = HeldPoints(muon_refresh, {}) if muon_refresh != 1 else None
+
+    @override
+    def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
+        super().setup(trainer, pl_module, stage)
+        if self.held is not None:
+            self.held.names = {id(p): name for name, p in pl_module.named_parameters()}
 
     @override
     def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
@@ -99,8 +117,10 @@ class OPUSSelection(GhostSelection):
         if self.muon_point == "moments" and trainer.world_size > 1:  # every rank's candidates, the global batch
             batch *= trainer.world_size
             reduce = partial(trainer.strategy.reduce, reduce_op="sum")
+        if self.held is not None:
+            self.held.step = trainer.global_step
         return OptimizerPreconditioner(trainer.optimizers[0], self.adamw_map, batch, self.muon_draws, self.muon_mirrored,
-                                       muon_moments=self.muon_point == "moments", muon_reduce=reduce)
+                                       muon_moments=self.muon_point == "moments", muon_reduce=reduce, muon_held=self.held)
 
     @override
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
@@ -122,6 +142,16 @@ class OPUSSelection(GhostSelection):
                 f"(world size {trainer.world_size}, candidate_chunk={self.candidate_chunk}), so its selections "
                 "differ from a single-process, unchunked run; muon_point='momentum' does not depend on either"
             )
+
+    @override
+    def state_dict(self) -> dict[str, Any]:
+        return {**super().state_dict(), **({"muon_points": self.held.state_dict()} if self.held is not None else {})}
+
+    @override
+    def load_state_dict(self, state_dict: dict[str, Any]) -> None:
+        super().load_state_dict(state_dict)
+        if self.held is not None:
+            self.held.load_state_dict(state_dict.get("muon_points", {}))
 
     @override
     def calibrate(self, scores: Scores, k: int) -> Scores:

@@ -447,6 +447,53 @@ class MuonMap:
         return lead(self.scale, 3) * self.L, None
 
 
+class HeldPoints:
+    """Muon's momentum points, each held for ``refresh`` optimizer steps (Shampoo's amortisation of its roots).
+
+    Between refreshes a stack's derivative stays the one at the momentum of the step that took it: the
+    eigendecomposition, φ and Φ (``SpectralNS``) are reused and only the vector–Jacobian product runs on the
+    step's proxy gradient, so (1 − 1/``refresh``) of the decompositions are saved and the point is up to
+    ``refresh`` − 1 steps stale (the momentum moves by a share 1 − μ of a gradient a step). Stacks are keyed by
+    their parameters' names (``names``: id(param) → name), so ``state_dict`` resumes the same points (it holds
+    X₀, one float32 copy of the Muon matrices, and a d×d eigenbasis and Φ per matrix). The caller sets ``step``
+    (the optimizer step) before each scoring call.
+
+    Args:
+        refresh: optimizer steps a point is held (1: every step, nothing held).
+        names: id(param) → the parameter's name in the module.
+    """
+
+    def __init__(self, refresh: int, names: dict[int, str]) -> None:
+        if refresh < 1:
+            raise ValueError(f"muon_refresh must be ≥ 1 optimizer step, got {refresh}")
+        self.refresh, self.names, self.step = refresh, names, 0
+        self.points: dict[str, tuple[int, SpectralNS]] = {}
+
+    def spectral(self, params: Sequence[torch.nn.Parameter], point: torch.Tensor, ns: NewtonSchulz) -> SpectralNS:
+        """The held ``SpectralNS`` of ``params``' stack, or ``ns.spectral(point)`` [L, m, n] taken now where it is due."""
+        key = ",".join(self.names[id(p)] for p in params)
+        held = self.points.get(key)
+        if held is None or not 0 <= self.step - held[0] < self.refresh:
+            held = self.points[key] = (self.step, ns.spectral(point))
+        elif held[1].X0.device != point.device:  # restored from a checkpoint read onto another device
+            held = self.points[key] = (held[0], _spectral_on(held[1], point.device))
+        return held[1]
+
+    def state_dict(self) -> dict[str, dict]:
+        """{stack: {"step": the step its point was taken, and the ``SpectralNS`` fields}}."""
+        return {key: {"step": step, **{f: getattr(sp, f) for f in SPECTRAL_FIELDS}} for key, (step, sp) in self.points.items()}
+
+    def load_state_dict(self, state: dict[str, dict]) -> None:
+        self.points = {key: (int(v["step"]), SpectralNS(**{f: v[f] for f in SPECTRAL_FIELDS})) for key, v in state.items()}
+
+
+SPECTRAL_FIELDS = ("X0", "norm", "clamped", "tall", "Q", "phi", "Phi", "gram")
+
+
+def _spectral_on(sp: SpectralNS, device: torch.device) -> SpectralNS:
+    return SpectralNS(**{f: v.to(device) if isinstance(v, torch.Tensor) else v for f in SPECTRAL_FIELDS for v in [getattr(sp, f)]})
+
+
 def newton_schulz_left_factor(
     u: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, gram: torch.Tensor | None = None
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
@@ -564,6 +611,7 @@ def _muon_map(
     mirrored: bool = False,
     moments: bool = False,
     reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+    held: HeldPoints | None = None,
 ) -> MuonMap:
     mu, nesterov = group["momentum"], group["nesterov"]
     bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
@@ -583,7 +631,10 @@ def _muon_map(
     else:  # the frozen map's reference: the momentum's share, or before the first step the proxy's update
         ref = torch.stack([coef * g.float() if m is None else m for g, m in zip(gbar, momentum)])
     points: Sequence[torch.Tensor | GramPoint | SpectralNS]
-    if ref.device.type == "cpu":  # one eigendecomposition gives the left factor and the VJP
+    if held is not None and not batch and all(m is not None for m in momentum):  # a held point, on any device
+        at_ref = held.spectral(params, ref, ns)
+        L, norm, tall, points = at_ref.L, at_ref.norm, at_ref.tall, [at_ref]
+    elif ref.device.type == "cpu":  # one eigendecomposition gives the left factor and the VJP
         at_ref = ns.spectral(ref, gram)
         L, norm, tall, points = at_ref.L, at_ref.norm, at_ref.tall, [at_ref]
     else:  # accelerators stay in matrix products (NewtonSchulz.vjp)
@@ -656,6 +707,8 @@ class OptimizerPreconditioner:
             needs ``muon_batch``).
         muon_reduce: sums a tensor over the ranks that score one step's candidates (DDP; None: one process):
             the moments point then reads every rank's candidates, and ``muon_batch`` counts the global batch.
+        muon_held: Muon's momentum points held over steps (:class:`HeldPoints`; the momentum point only,
+            ``muon_batch`` None); None: each step's own.
     """
 
     def __init__(
@@ -667,7 +720,10 @@ class OptimizerPreconditioner:
         muon_mirrored: bool = False,
         muon_moments: bool = False,
         muon_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
+        muon_held: HeldPoints | None = None,
     ) -> None:
+        if muon_held is not None and muon_batch is not None:
+            raise ValueError("held Muon points are momentum points: muon_held needs muon_batch=None")
         if muon_batch is not None and muon_batch < 1:
             raise ValueError(f"muon_batch must be ≥ 1 or None, got {muon_batch}")
         if muon_moments and muon_batch is None:
@@ -679,7 +735,7 @@ class OptimizerPreconditioner:
                 raise TypeError(f"no ghost preconditioner for {type(opt).__name__}; supported: {SUPPORTED}")
         self._maps = {**_MAPS, torch.optim.AdamW: partial(_adamw_map, variant=adamw_map),
                       torch.optim.Muon: partial(_muon_map, batch_rows=muon_batch, draws=muon_draws, mirrored=muon_mirrored,
-                                                 moments=muon_moments, reduce=muon_reduce)}
+                                                 moments=muon_moments, reduce=muon_reduce, held=muon_held)}
         self._where: dict[int, tuple[torch.optim.Optimizer, dict]] = {
             id(p): (opt, g) for opt in inner for g in opt.param_groups for p in g["params"]
         }
