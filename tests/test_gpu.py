@@ -1,4 +1,5 @@
-"""CUDA checks (skipped without a GPU; CI has none): the ghost engine under bf16 autocast, a bf16 train.py run."""
+"""CUDA checks (skipped without a GPU; CI has none): the ghost engine under bf16 autocast, held Muon points on the
+device, a bf16 train.py run."""
 
 from __future__ import annotations
 
@@ -15,7 +16,7 @@ from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
+from selection_callbacks.scoring.preconditioners import HeldPoints, OptimizerPreconditioner
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -47,6 +48,30 @@ def test_engine_under_bf16_autocast_tracks_fp32(opt_name: str) -> None:
     assert torch.isfinite(bf16.utilities).all() and float(bf16.utilities.abs().max()) > 0
     assert _rank_corr(fp32.utilities.float().cpu(), bf16.utilities.float().cpu()) > 0.95
     assert all(p.grad is None for p in model.parameters())
+
+
+def test_held_muon_points_on_the_device_match_the_cpu_map() -> None:
+    """``muon_refresh``'s held points take their eigendecomposition on the device and run the eigenbasis VJP there
+    (not the reverse mode the device uses each step otherwise): the utility vector the CPU computes."""
+    torch.manual_seed(0)
+    model = GPT(GPTConfig(vocab_size=320, block_size=64, n_layer=2, n_head=4, n_embd=256))
+    opt = build_optimizer(model, "muon", 3e-3, 0.1, (0.9, 0.95), 0.02, 0.95, 0.0)
+    for _ in range(3):
+        ids = torch.randint(0, 256, (8, 65))
+        opt.zero_grad()
+        row_losses(model)({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}).mean().backward()
+        opt.step()
+    names = {id(p): name for name, p in model.named_parameters()}
+    weights = [model.blocks[0].mlp.fc.weight, model.blocks[1].mlp.fc.weight]
+    gbar = 1e-3 * torch.randn(2, *weights[0].shape, generator=torch.Generator().manual_seed(1))
+    cpu = OptimizerPreconditioner(opt, muon_held=HeldPoints(2, names))(weights, gbar).utility_vector(gbar)
+    model.cuda()
+    for state in opt.state.values():
+        for key, value in state.items():
+            if isinstance(value, torch.Tensor):
+                state[key] = value.cuda()
+    got = OptimizerPreconditioner(opt, muon_held=HeldPoints(2, names))(weights, gbar.cuda()).utility_vector(gbar.cuda())
+    assert got.is_cuda and float((got.cpu() - cpu).norm() / cpu.norm()) < 1e-4
 
 
 def test_train_py_opus_bf16_on_gpu(tmp_path: Path, tiny_corpus: dict[str, str]) -> None:
