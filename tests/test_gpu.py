@@ -51,8 +51,9 @@ def test_engine_under_bf16_autocast_tracks_fp32(opt_name: str) -> None:
 
 
 def test_held_muon_points_on_the_device_match_the_cpu_map() -> None:
-    """``muon_refresh``'s held points take their eigendecomposition on the device and run the eigenbasis VJP there
-    (not the reverse mode the device uses each step otherwise): the utility vector the CPU computes."""
+    """``muon_refresh``'s held points take their eigendecomposition on the device (float64 ``eigh``) and serve
+    there; a point held on the CPU and restored from its state_dict moves to the device at its next step. Both give
+    the CPU's utility vectors."""
     torch.manual_seed(0)
     model = GPT(GPTConfig(vocab_size=320, block_size=64, n_layer=2, n_head=4, n_embd=256))
     opt = build_optimizer(model, "muon", 3e-3, 0.1, (0.9, 0.95), 0.02, 0.95, 0.0)
@@ -63,15 +64,24 @@ def test_held_muon_points_on_the_device_match_the_cpu_map() -> None:
         opt.step()
     names = {id(p): name for name, p in model.named_parameters()}
     weights = [model.blocks[0].mlp.fc.weight, model.blocks[1].mlp.fc.weight]
-    gbar = 1e-3 * torch.randn(2, *weights[0].shape, generator=torch.Generator().manual_seed(1))
-    cpu = OptimizerPreconditioner(opt, muon_held=HeldPoints(2, names))(weights, gbar).utility_vector(gbar)
+    gen = torch.Generator().manual_seed(1)
+    gbars = [1e-3 * torch.randn(2, *weights[0].shape, generator=gen) for _ in range(2)]
+    on_cpu = HeldPoints(2, names)
+    want = [OptimizerPreconditioner(opt, muon_held=on_cpu)(weights, g).utility_vector(g) for g in gbars]  # step 0 twice
+    saved = on_cpu.state_dict()
     model.cuda()
     for state in opt.state.values():
         for key, value in state.items():
             if isinstance(value, torch.Tensor):
                 state[key] = value.cuda()
-    got = OptimizerPreconditioner(opt, muon_held=HeldPoints(2, names))(weights, gbar.cuda()).utility_vector(gbar.cuda())
-    assert got.is_cuda and float((got.cpu() - cpu).norm() / cpu.norm()) < 1e-4
+    on_device, restored = HeldPoints(2, names), HeldPoints(2, names)
+    restored.load_state_dict(saved)
+    restored.step = 1  # the held point's second step: read, moved to the device
+    for held in (on_device, restored):
+        got = OptimizerPreconditioner(opt, muon_held=held)(weights, gbars[1].cuda()).utility_vector(gbars[1].cuda())
+        assert got.is_cuda and all(sp.X0.is_cuda for _, sp in held.points.values())
+        assert float((got.cpu() - want[1]).norm() / want[1].norm()) < 1e-4
+    assert restored.points[",".join(names[id(w)] for w in weights)][0] == 0  # not taken anew
 
 
 def test_train_py_opus_bf16_on_gpu(tmp_path: Path, tiny_corpus: dict[str, str]) -> None:

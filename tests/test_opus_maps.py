@@ -421,6 +421,9 @@ def test_held_muon_points_resume_to_the_same_scores(tiny_corpus, tmp_path) -> No
     train.main([*base, "--trainer.default_root_dir", str(tmp_path / "full"), f"--trainer.callbacks.dirpath={tmp_path / 'ckpt'}"])
     train.main([*base, "--trainer.default_root_dir", str(tmp_path / "resumed"), f"--trainer.callbacks.dirpath={tmp_path / 'ckpt2'}",
                 "--ckpt_path", str(tmp_path / "ckpt" / "epoch=0-step=3.ckpt")])
+    saved = torch.load(tmp_path / "ckpt" / "epoch=0-step=3.ckpt", weights_only=False)["callbacks"]
+    points = next(state["muon_points"] for key, state in saved.items() if key.startswith("OPUSSelection"))
+    assert points and all(p["step"] == 1 for p in points.values())  # taken at the first step with a momentum
     full, resumed = (read_ledger(tmp_path / name).to_pydict() for name in ("full", "resumed"))
     late = [i for i, step in enumerate(full["step"]) if step >= 3]
     assert sorted(set(resumed["step"])) == [3, 4, 5]
@@ -430,8 +433,9 @@ def test_held_muon_points_resume_to_the_same_scores(tiny_corpus, tmp_path) -> No
 
 
 def test_held_muon_points_are_refused_where_the_point_is_drawn() -> None:
-    with pytest.raises(ValueError, match="muon_refresh must be ≥ 1"):
-        OPUSSelection(muon_refresh=0)
+    for refresh in (0, 2.5):
+        with pytest.raises(ValueError, match="muon_refresh must be a whole number of optimizer steps ≥ 1"):
+            OPUSSelection(muon_refresh=refresh, muon_point="moments")
     with pytest.raises(ValueError, match="muon_point='momentum' or muon_refresh=1"):
         OPUSSelection(muon_point="moments", muon_refresh=4)
     with pytest.raises(ValueError, match="muon_held needs muon_batch=None"):

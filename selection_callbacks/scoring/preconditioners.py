@@ -21,9 +21,9 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass
+from dataclasses import dataclass, fields
 from functools import partial
-from typing import Literal, Protocol
+from typing import Any, Literal, Protocol
 
 import torch
 from torch.optim._muon import _adjust_lr
@@ -450,13 +450,14 @@ class MuonMap:
 class HeldPoints:
     """Muon's momentum points, each held for ``refresh`` optimizer steps (Shampoo's amortisation of its roots).
 
-    Between refreshes a stack's derivative stays the one at the momentum of the step that took it: the
-    eigendecomposition, φ and Φ (``SpectralNS``) are reused and only the vector–Jacobian product runs on the
-    step's proxy gradient, so (1 − 1/``refresh``) of the decompositions are saved and the point is up to
-    ``refresh`` − 1 steps stale (the momentum moves by a share 1 − μ of a gradient a step). Stacks are keyed by
-    their parameters' names (``names``: id(param) → name), so ``state_dict`` resumes the same points (it holds
-    X₀, one float32 copy of the Muon matrices, and a d×d eigenbasis and Φ per matrix). The caller sets ``step``
-    (the optimizer step) before each scoring call.
+    Between refreshes a stack's map stays the one at the momentum of the step that took it: the
+    eigendecomposition, φ and Φ (``SpectralNS``) are reused, so the sketches' frozen map L and its norm are that
+    step's, and only the vector–Jacobian product runs on the step's proxy gradient (with the step's lr).
+    (1 − 1/``refresh``) of the decompositions are saved and the point is up to ``refresh`` − 1 steps stale (the
+    momentum moves by a share 1 − μ of a gradient a step). Stacks are keyed by their parameters' names
+    (``names``: id(param) → name), so ``state_dict`` resumes the same points under the same stacking (it holds
+    X₀, one float32 copy of the Muon matrices, and a d×d eigenbasis and Φ per matrix, for the points the next
+    step may still read). The caller sets ``step`` (the optimizer step) before each scoring call.
 
     Args:
         refresh: optimizer steps a point is held (1: every step, nothing held).
@@ -464,34 +465,40 @@ class HeldPoints:
     """
 
     def __init__(self, refresh: int, names: dict[int, str]) -> None:
-        if refresh < 1:
-            raise ValueError(f"muon_refresh must be ≥ 1 optimizer step, got {refresh}")
+        if not isinstance(refresh, int) or isinstance(refresh, bool) or refresh < 1:
+            raise ValueError(f"muon_refresh must be a whole number of optimizer steps ≥ 1, got {refresh!r}")
         self.refresh, self.names, self.step = refresh, names, 0
         self.points: dict[str, tuple[int, SpectralNS]] = {}
 
-    def spectral(self, params: Sequence[torch.nn.Parameter], point: torch.Tensor, ns: NewtonSchulz) -> SpectralNS:
-        """The held ``SpectralNS`` of ``params``' stack, or ``ns.spectral(point)`` [L, m, n] taken now where it is due."""
+    def spectral(self, params: Sequence[torch.nn.Parameter], point: Callable[[], torch.Tensor], ns: NewtonSchulz) -> SpectralNS:
+        """The held ``SpectralNS`` of ``params``' stack, or ``ns.spectral(point())`` (``point`` builds the
+        stack's momentum point [L, m, n] only when one is taken) where it is due."""
+        if any(id(p) not in self.names for p in params):
+            raise KeyError("a held Muon point's parameter has no name: HeldPoints.names must map id(param) → name for "
+                           "the module's parameters (OPUSSelection sets it in setup: add the callback to the Trainer)")
         key = ",".join(self.names[id(p)] for p in params)
         held = self.points.get(key)
         if held is None or not 0 <= self.step - held[0] < self.refresh:
-            held = self.points[key] = (self.step, ns.spectral(point))
-        elif held[1].X0.device != point.device:  # restored from a checkpoint read onto another device
-            held = self.points[key] = (held[0], _spectral_on(held[1], point.device))
+            held = self.points[key] = (self.step, ns.spectral(point()))
+        elif held[1].X0.device != params[0].device:  # restored from a checkpoint read onto another device
+            held = self.points[key] = (held[0], _spectral_to(held[1], params[0].device))
         return held[1]
 
-    def state_dict(self) -> dict[str, dict]:
-        """{stack: {"step": the step its point was taken, and the ``SpectralNS`` fields}}."""
-        return {key: {"step": step, **{f: getattr(sp, f) for f in SPECTRAL_FIELDS}} for key, (step, sp) in self.points.items()}
+    def state_dict(self) -> dict[str, dict[str, Any]]:
+        """{stack: {"step": the step its point was taken, and the ``SpectralNS`` fields}} for the points the next
+        step may still read."""
+        return {key: {"step": step, **{f.name: getattr(sp, f.name) for f in fields(SpectralNS)}}
+                for key, (step, sp) in self.points.items() if self.step + 1 - step < self.refresh}
 
-    def load_state_dict(self, state: dict[str, dict]) -> None:
-        self.points = {key: (int(v["step"]), SpectralNS(**{f: v[f] for f in SPECTRAL_FIELDS})) for key, v in state.items()}
+    def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
+        self.points = {key: (int(v["step"]), SpectralNS(**{f.name: v[f.name] for f in fields(SpectralNS)}))
+                       for key, v in state.items()}
 
 
-SPECTRAL_FIELDS = ("X0", "norm", "clamped", "tall", "Q", "phi", "Phi", "gram")
-
-
-def _spectral_on(sp: SpectralNS, device: torch.device) -> SpectralNS:
-    return SpectralNS(**{f: v.to(device) if isinstance(v, torch.Tensor) else v for f in SPECTRAL_FIELDS for v in [getattr(sp, f)]})
+def _spectral_to(sp: SpectralNS, device: torch.device) -> SpectralNS:
+    """``sp`` with its tensors on ``device``."""
+    moved = {f.name: getattr(sp, f.name) for f in fields(SpectralNS)}
+    return SpectralNS(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
 
 
 def newton_schulz_left_factor(
@@ -617,9 +624,13 @@ def _muon_map(
     bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
     coef = (1 - mu * mu) if nesterov else (1 - mu)
     carry = mu * mu if nesterov else mu
-    momentum = [None if buf is None else carry * buf.float() for buf in bufs]  # the share U keeps as g → 0
     ns = NewtonSchulz(tuple(group["ns_coefficients"]), group["ns_steps"], group["eps"])
     batch = step is not None and bool(batch_rows)
+    lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
+    if held is not None and not batch and all(buf is not None for buf in bufs):  # a held point, on any device
+        at_ref = held.spectral(params, lambda: torch.stack([carry * buf.float() for buf in bufs]), ns)
+        return MuonMap(lr * coef / at_ref.norm, at_ref.L, at_ref.tall, [at_ref], lr * coef, ns)
+    momentum = [None if buf is None else carry * buf.float() for buf in bufs]  # the share U keeps as g → 0
     if batch:  # the momentum's share of a point that adds the step's batch (zero before the first step)
         kept = torch.stack([torch.zeros_like(g, dtype=torch.float32) if m is None else m for g, m in zip(gbar, momentum)])
     gram = None
@@ -631,10 +642,7 @@ def _muon_map(
     else:  # the frozen map's reference: the momentum's share, or before the first step the proxy's update
         ref = torch.stack([coef * g.float() if m is None else m for g, m in zip(gbar, momentum)])
     points: Sequence[torch.Tensor | GramPoint | SpectralNS]
-    if held is not None and not batch and all(m is not None for m in momentum):  # a held point, on any device
-        at_ref = held.spectral(params, ref, ns)
-        L, norm, tall, points = at_ref.L, at_ref.norm, at_ref.tall, [at_ref]
-    elif ref.device.type == "cpu":  # one eigendecomposition gives the left factor and the VJP
+    if ref.device.type == "cpu":  # one eigendecomposition gives the left factor and the VJP
         at_ref = ns.spectral(ref, gram)
         L, norm, tall, points = at_ref.L, at_ref.norm, at_ref.tall, [at_ref]
     else:  # accelerators stay in matrix products (NewtonSchulz.vjp)
@@ -642,7 +650,6 @@ def _muon_map(
         points = ref[None] if gram is None else [GramPoint(ref, gram)]
     if batch and not moments:
         points = step.mean_gradients(batch_rows, draws, mirrored).float().mul_(coef).add_(kept)
-    lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
     return MuonMap(lr * coef / norm, L, tall, points, lr * coef, ns)
 
 
