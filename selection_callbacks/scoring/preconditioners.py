@@ -21,8 +21,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, fields
-from functools import partial
+from dataclasses import dataclass, fields, replace
+from functools import cached_property, partial
 from typing import Any, Literal, Protocol
 
 import torch
@@ -272,10 +272,16 @@ class SpectralNS:
     Phi: torch.Tensor
     gram: torch.Tensor | None = None
 
-    @property
+    @cached_property
     def L(self) -> torch.Tensor:
-        """L = Q diag(φ) Qᵀ [..., d, d], the left factor: NS(x) = L X₀ in the wide orientation."""
+        """L = Q diag(φ) Qᵀ [..., d, d], the left factor: NS(x) = L X₀ in the wide orientation (formed once a point:
+        a held point serves it to every step's sketch)."""
         return (self.Q * self.phi[..., None, :]) @ self.Q.mT
+
+    @cached_property
+    def Z(self) -> torch.Tensor:
+        """Z = QᵀX₀ [..., d, n], the point in the eigenbasis (formed once a point: a held point's every VJP reads it)."""
+        return self.Q.mT @ self.X0
 
 
 @dataclass(frozen=True)
@@ -373,7 +379,7 @@ class NewtonSchulz:
         """
         ns = x if isinstance(x, SpectralNS) else self.spectral(x)
         V = (v.mT if ns.tall else v).float()
-        W, Z = ns.Q.mT @ V, ns.Q.mT @ ns.X0
+        W, Z = ns.Q.mT @ V, ns.Z
         M = W @ Z.mT
         sym2 = ns.Phi * (M + M.mT)  # 2 Φ ∘ sym(WZᵀ)
         X_bar = ns.Q @ (ns.phi[..., :, None] * W + sym2 @ Z)
@@ -497,8 +503,8 @@ class HeldPoints:
 
 def _spectral_to(sp: SpectralNS, device: torch.device) -> SpectralNS:
     """``sp`` with its tensors on ``device``."""
-    moved = {f.name: getattr(sp, f.name) for f in fields(SpectralNS)}
-    return SpectralNS(**{k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in moved.items()})
+    tensors = {f.name: getattr(sp, f.name) for f in fields(sp) if isinstance(getattr(sp, f.name), torch.Tensor)}
+    return replace(sp, **{name: t.to(device) for name, t in tensors.items()})
 
 
 def newton_schulz_left_factor(
