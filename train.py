@@ -5,7 +5,7 @@
 
 The learner is ``--model``: this project's GPT (``LitGPT``, the default; ``--model.config.n_layer``
 and the other ``GPTConfig`` fields size it) or a transformers causal LM built from its config,
-``--model selection_callbacks.learner.LitCausalLM --model.config configs/model/tiny-llama.yaml``
+``--model models.LitCausalLM --model.config configs/model/tiny-llama.yaml``
 (a config file, one field changed with ``--model.config.num_hidden_layers 4``, or inline fields:
 ``--model.config '{model_type: llama, hidden_size: 64, ...}'``).
 The optimizer arguments (``--model.optimizer muon``, ``--model.lr``, ...) are the same for both.
@@ -35,7 +35,7 @@ import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
-from selection_callbacks.learner.lit_gpt import LitGPT
+from models.lit_gpt import LitGPT
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.callbacks.ledger_writer import SelectionLedger

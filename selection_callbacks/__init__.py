@@ -19,8 +19,8 @@ _EXPORTS = {
     "RandomSelection": "selection_callbacks.methods.random",
     "RhoLossSelection": "selection_callbacks.methods.rho",
     "SelectionCallback": "selection_callbacks.callbacks.base",
-    "GhostSelection": "selection_callbacks.callbacks.ghost",
-    "ProxySelection": "selection_callbacks.callbacks.proxy",
+    "GhostSelection": "selection_callbacks.methods.bases.ghost",
+    "ProxySelection": "selection_callbacks.methods.bases.proxy",
     "SelectionLedger": "selection_callbacks.callbacks.ledger_writer",
     "SelectionDashboard": "selection_callbacks.callbacks.dashboard",
     "RunRecorder": "selection_callbacks.callbacks.recorder",
@@ -28,8 +28,6 @@ _EXPORTS = {
     "Scores": "selection_callbacks.core.selection",
     "SelectionRecord": "selection_callbacks.core.selection",
     "MuonWithAdamW": "selection_callbacks.nn.optim",
-    "LitGPT": "selection_callbacks.learner.lit_gpt",
-    "LitCausalLM": "selection_callbacks.learner.hf_causal_lm",
 }
 
 __all__ = sorted(_EXPORTS)

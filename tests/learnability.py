@@ -20,7 +20,7 @@ import torch
 
 import train
 from selection_callbacks.nn.gpt import GPTConfig
-from selection_callbacks.learner.lit_gpt import LitGPT
+from models.lit_gpt import LitGPT
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.data.packing import pack_source
 from bench.toy_corpus import WORDS
@@ -62,7 +62,7 @@ def write_corpus(root: Path) -> dict[str, str]:
 
 
 def reference_command(corpus: dict[str, str], out: Path, steps: int = 150) -> list[str]:
-    """The documented RHO reference command (``selection_callbacks.methods.rho``), at test size."""
+    """The documented RHO reference command (``selection_callbacks.methods.rho.callback``), at test size."""
     target = corpus["target"]
     root = Path(train.__file__).parent
     return ["fit", "--config", str(root / "configs/scale/cpu-tiny.yaml"),

@@ -8,7 +8,7 @@ import lightning as L
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from selection_callbacks.learner.lit_gpt import LitGPT
+from models.lit_gpt import LitGPT
 from selection_callbacks.methods import RandomSelection
 from selection_callbacks.nn.gpt import GPTConfig
 

@@ -13,7 +13,7 @@ import torch
 from selection_callbacks.core.contract import SuperbatchError
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.data.tokenizer import ByteTokenizer
-from selection_callbacks.learner.lit_gpt import LitGPT
+from models.lit_gpt import LitGPT
 from selection_callbacks.methods import (
     ClassActSelection,
     GreatsSelection,

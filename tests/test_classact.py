@@ -12,10 +12,10 @@ import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
 from selection_callbacks.nn.gpt import GPTConfig
-from selection_callbacks.learner.lit_gpt import LitGPT
+from models.lit_gpt import LitGPT
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import ClassActSelection
-from selection_callbacks.learner.reference import load_reference
+from selection_callbacks.scoring.reference import load_reference
 from selection_callbacks.core.pass_counts import CostMeter
 from selection_callbacks.scoring.proxy_models import Proxy, seeded_proxy
 from tests.learnability import SEQ_LEN, assert_learnability_order, trained_models

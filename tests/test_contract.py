@@ -12,7 +12,7 @@ from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
 from selection_callbacks.nn.gpt import GPTConfig
-from selection_callbacks.learner.lit_gpt import LitGPT
+from models.lit_gpt import LitGPT
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.core.contract import SuperbatchError, subset_in_place

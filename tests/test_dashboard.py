@@ -13,7 +13,7 @@ import wandb
 from lightning.pytorch.loggers import CSVLogger
 
 from selection_callbacks.nn.gpt import GPTConfig
-from selection_callbacks.learner.lit_gpt import LitGPT
+from models.lit_gpt import LitGPT
 from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RandomSelection

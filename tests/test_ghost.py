@@ -380,7 +380,7 @@ def test_adamw_map_stays_bounded_on_unseen_embedding_rows() -> None:
 
 
 def test_layer_patterns_score_a_subset_with_the_same_utilities() -> None:
-    from selection_callbacks.callbacks.ghost import excluded_layers
+    from selection_callbacks.methods.bases.ghost import excluded_layers
 
     model, opt = trained("muon")
     full = GhostEngine(model).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
@@ -553,7 +553,7 @@ def test_backward_flops_are_those_the_scoring_backward_runs(pattern) -> None:
     ``torch.autograd.grad`` from the loss to the earliest scored layer's input, counted by FlopCounterMode."""
     from torch.utils.flop_counter import FlopCounterMode
 
-    from selection_callbacks.callbacks.ghost import excluded_layers
+    from selection_callbacks.methods.bases.ghost import excluded_layers
     from selection_callbacks.nn.flops import matmul_flops_per_token
 
     model, opt = trained("adamw")

@@ -18,9 +18,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: nothing is downloa
 
 import train  # noqa: E402
 import selection_callbacks.scoring.ghost as ghost  # noqa: E402
-from selection_callbacks.callbacks.ghost import GhostSelection, excluded_layers  # noqa: E402
-from selection_callbacks.learner import LitCausalLM  # noqa: E402
-from selection_callbacks.learner.hf_causal_lm import causal_lm_config  # noqa: E402
+from selection_callbacks.methods.bases.ghost import GhostSelection, excluded_layers  # noqa: E402
+from models import LitCausalLM  # noqa: E402
+from models.hf_causal_lm import causal_lm_config  # noqa: E402
 from selection_callbacks.methods import GreatsSelection, OPUSSelection  # noqa: E402
 from selection_callbacks.nn.optim import build_optimizer  # noqa: E402
 from selection_callbacks.scoring.ghost import GhostEngine, scored_layers, shared_weights, unscorable_layers  # noqa: E402
@@ -233,7 +233,7 @@ def test_online_methods_train_through_train_py(tiny_corpus, tmp_path: Path, mode
     """Three steps of OPUS and GREATS scoring the hidden layers (the method configs' default), and with the head
     (with a tied head: the shared weight, both uses)."""
     args = ["fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config",
-            str(ROOT / f"configs/method/{method}.yaml"), "--model", "selection_callbacks.learner.LitCausalLM",
+            str(ROOT / f"configs/method/{method}.yaml"), "--model", "models.LitCausalLM",
             "--model.config", str(ROOT / f"configs/model/tiny-{model}.yaml"), "--model.optimizer", optimizer,
             "--model.warmup_steps", "1", "--data.pool", tiny_corpus["pool"], "--data.target", tiny_corpus["target"],
             "--data.val", tiny_corpus["val"], "--data.seq_len", "32", "--data.batch_size", "4", "--data.val_samples", "8",

@@ -18,9 +18,9 @@ os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: nothing is downloa
 
 import train  # noqa: E402
 from selection_callbacks.data.datamodule import PoolDataModule  # noqa: E402
-from selection_callbacks.learner import LitCausalLM  # noqa: E402
-from selection_callbacks.learner.hf_causal_lm import causal_lm_config  # noqa: E402
-from selection_callbacks.learner.lit_gpt import LitGPT  # noqa: E402
+from models import LitCausalLM  # noqa: E402
+from models.hf_causal_lm import causal_lm_config  # noqa: E402
+from models.lit_gpt import LitGPT  # noqa: E402
 from selection_callbacks.methods import RandomSelection  # noqa: E402
 from selection_callbacks.nn.optim import build_optimizer, param_split  # noqa: E402
 
@@ -129,7 +129,7 @@ def _run(corpus: dict[str, str], root: Path, name: str, method: str, optimizer: 
     """A 3-step train.py run of ``configs/model/tiny-{name}.yaml`` (or ``name`` as an inline config)."""
     config = str(ROOT / f"configs/model/tiny-{name}.yaml") if name in MODELS else name
     args = ["fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config",
-            str(ROOT / f"configs/method/{method}.yaml"), "--model", "selection_callbacks.learner.LitCausalLM",
+            str(ROOT / f"configs/method/{method}.yaml"), "--model", "models.LitCausalLM",
             "--model.config", config, "--model.optimizer", optimizer,
             "--model.warmup_steps", "1", "--data.pool", corpus["pool"], "--data.target", corpus["target"],
             "--data.val", corpus["val"], "--data.seq_len", "32", "--data.batch_size", "4", "--data.val_samples", "8",
@@ -160,7 +160,7 @@ def test_inline_config_of_an_untied_llama(tiny_corpus, tmp_path: Path) -> None:
     metrics = _run(tiny_corpus, tmp_path, inline, "high_loss", "muon")
     assert metrics["global_step"] == 3 and 0 < metrics["val_bpb"] < 20
     saved = yaml.safe_load((tmp_path / "config.yaml").read_text())["model"]
-    assert saved["class_path"] == "selection_callbacks.learner.LitCausalLM"
+    assert saved["class_path"] == "models.LitCausalLM"
     assert saved["init_args"]["config"]["tie_word_embeddings"] is False
 
 
@@ -172,7 +172,7 @@ def test_the_default_learner_stays_the_gpt_sized_by_the_data(tiny_corpus) -> Non
 
 
 def test_a_config_file_with_one_field_changed_on_the_command_line(tiny_corpus) -> None:
-    args = ["--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--model", "selection_callbacks.learner.LitCausalLM",
+    args = ["--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--model", "models.LitCausalLM",
             "--model.config", str(ROOT / "configs/model/tiny-llama.yaml"), "--model.config.num_hidden_layers", "1",
             "--data.pool", tiny_corpus["pool"], "--data.target", tiny_corpus["target"], "--data.val", tiny_corpus["val"]]
     cli = train.SelectionCLI(None, PoolDataModule, subclass_mode_model=True, args=args, run=False)
@@ -224,7 +224,7 @@ def test_unsupported_configs_are_named(config, error, match) -> None:
 
 def test_causal_lm_without_its_config_is_named(tiny_corpus, capsys) -> None:
     """The scale config's GPT fields do not carry over to LitCausalLM: jsonargparse asks for the config."""
-    args = ["--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--model", "selection_callbacks.learner.LitCausalLM",
+    args = ["--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--model", "models.LitCausalLM",
             "--data.pool", tiny_corpus["pool"], "--data.target", tiny_corpus["target"], "--data.val", tiny_corpus["val"]]
     with pytest.raises(SystemExit):
         train.SelectionCLI(None, PoolDataModule, subclass_mode_model=True, args=args, run=False)

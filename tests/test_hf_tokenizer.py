@@ -135,7 +135,7 @@ def test_training_with_a_tokenizer_logs_exact_bpb(unicode_corpus, tmp_path: Path
 
 
 def test_bpb_divides_text_nats_by_label_bytes(unicode_corpus, tmp_path: Path) -> None:
-    from selection_callbacks.learner.lit_gpt import LitGPT
+    from models.lit_gpt import LitGPT
     from selection_callbacks.nn.gpt import GPTConfig
 
     tokenizer = HFTokenizer(train_bpe([unicode_corpus["pool"]], vocab_size=400, cache_dir=tmp_path, progress=False))

@@ -11,7 +11,7 @@ import pytest
 import torch
 
 from selection_callbacks.nn.gpt import GPTConfig
-from selection_callbacks.learner.lit_gpt import LitGPT
+from models.lit_gpt import LitGPT
 from selection_callbacks.core.sampling import SequentialBoltzmann, effective_sample_size
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import GreatsSelection, OPUSSelection

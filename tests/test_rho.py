@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 import torch
 
-from selection_callbacks.learner.lit_gpt import LitGPT
+from models.lit_gpt import LitGPT
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.nn.flops import matmul_flops_per_token
@@ -20,7 +20,8 @@ from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.windows import score_windows
 from selection_callbacks.offline import reference_losses
 from selection_callbacks.offline.reference_losses import ReferenceLossTable
-from selection_callbacks.learner.reference import load_reference
+from selection_callbacks.scoring.proxy_models import ProxyLM
+from selection_callbacks.scoring.reference import load_reference
 from tests.learnability import SEQ_LEN, assert_learnability_order, trained_models
 
 
@@ -116,9 +117,13 @@ def test_clear_errors(trained: dict, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="reference checkpoint .* does not exist"):
         _select(trained, RhoLossSelection(reference=str(tmp_path / "missing.ckpt")))
     (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="not a LitGPT checkpoint"):
+    with pytest.raises(ValueError, match="is not a checkpoint train.py wrote"):
         _select(trained, RhoLossSelection(reference=str(tmp_path / "junk.ckpt")))
-    assert isinstance(load_reference(trained["ckpt"]), LitGPT)
+    reference, learner = load_reference(trained["ckpt"]), LitGPT.load_from_checkpoint(trained["ckpt"]).eval()
+    assert isinstance(reference, ProxyLM) and reference.config == learner.config
+    batch = {"input_ids": torch.randint(0, reference.config.vocab_size, (3, 16))}
+    with torch.no_grad():
+        assert torch.equal(reference.per_sample_loss(batch), learner.per_sample_loss(batch))
 
 
 def test_windowed_scores_are_both_models_losses_on_the_same_windows(trained: dict) -> None:

@@ -3,8 +3,7 @@
     selection-callbacks ledger export RUN_DIR --out selected.parquet
     selection-callbacks ledger summary RUN_DIR [--bins 10] [--top 10]
 
-(``python -m selection_callbacks.ledger`` and ``python -m selection_callbacks.cli.ledger`` take the
-same arguments.)
+(``python -m selection_callbacks.cli.ledger`` takes the same arguments.)
 
 ``export`` writes the subset format ``--data.subset`` reads (parquet, ``sample_id`` + ``weight``
 = how often each id was selected), so a new run trains on what the online method chose.

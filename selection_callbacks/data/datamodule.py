@@ -30,8 +30,6 @@ def candidates_per_rank(batch_size: int, ratio: float) -> int:
     return round(batch_size / ratio)
 
 
-superbatch_size = candidates_per_rank  # the name before the house redesign, for old imports
-
 
 class _SampleDataset(Dataset):
     def __init__(self, split: PackedSplit, ids: np.ndarray) -> None:

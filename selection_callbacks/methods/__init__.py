@@ -1,4 +1,7 @@
-"""Online selection methods, one per file."""
+"""Online selection methods, one per folder: its callback (``<method>/callback.py``) and its card (``<method>/README.md``).
+
+``bases`` holds what several methods share: ``GhostSelection`` and ``ProxySelection``.
+"""
 
 from selection_callbacks.methods.classact import ClassActSelection
 from selection_callbacks.methods.greats import GreatsSelection

@@ -37,9 +37,8 @@ class GPTConfig:
             raise ValueError(f"n_embd={self.n_embd} must be divisible by n_head={self.n_head}")
 
 
-# checkpoints hold the config in their hyperparameters; let weights-only loading accept it, also
-# under its old name (models.gpt), which checkpoints written before the move carry
-torch.serialization.add_safe_globals([GPTConfig, (GPTConfig, "models.gpt.GPTConfig")])
+# checkpoints hold the config in their hyperparameters; let weights-only loading accept it
+torch.serialization.add_safe_globals([GPTConfig])
 
 
 class CausalSelfAttention(nn.Module):

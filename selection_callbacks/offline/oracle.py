@@ -1,6 +1,6 @@
 """The offline labelled oracle: a subset of the budget drawn from the target's domains first.
 
-The ceiling of the offline kind, as :class:`~selection_callbacks.methods.oracle.OracleDomainSelection`
+The ceiling of the offline kind, as :class:`~selection_callbacks.methods.oracle.callback.OracleDomainSelection`
 is of the online kind: it reads the domain labels a real selector does not have. Documents of the
 target's domains (the domains of the target split, or ``target_domains``) come first in a seeded
 random order, then every other document in a seeded random order, and :meth:`Budget.take` cuts the

@@ -26,7 +26,7 @@ from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.token_bin import load_token_bin
 from selection_callbacks.scoring.losses import per_sample_loss
-from selection_callbacks.learner.reference import load_reference
+from selection_callbacks.scoring.reference import load_reference
 from selection_callbacks.core.pass_counts import CostMeter
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.scoring.proxy_models import Proxy, ProxyLM, check_reference_fits, pretrain_on_target, seeded_proxy

@@ -22,7 +22,7 @@ from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.callbacks.protocols import needs_proxy_builder, needs_target_batch
-from selection_callbacks.learner.reference import load_reference
+from selection_callbacks.scoring.reference import load_reference
 from selection_callbacks.nn.flops import matmul_flops_per_token
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.scoring.losses import per_sample_loss

@@ -9,7 +9,7 @@ from typing_extensions import override
 
 from selection_callbacks.core.selection import Scores
 from selection_callbacks.scoring.ghost import Resolver
-from selection_callbacks.callbacks.ghost import GhostSelection
+from selection_callbacks.methods.bases.ghost import GhostSelection
 from selection_callbacks.scoring.preconditioners import SGDStepPreconditioner
 
 

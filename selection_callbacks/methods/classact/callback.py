@@ -11,7 +11,7 @@ from typing_extensions import override
 
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss
-from selection_callbacks.callbacks.proxy import ProxySelection
+from selection_callbacks.methods.bases.proxy import ProxySelection
 
 
 class ClassActSelection(ProxySelection):
@@ -50,7 +50,7 @@ class ClassActSelection(ProxySelection):
         online: ``"learner"`` or ``"proxy"``; default ``"learner"`` for the paper variant, and the
             report variant always uses a proxy.
         reference: paper variant: a reference checkpoint trained on the target split (see
-            :mod:`selection_callbacks.methods.rho` for the command); None: pretrain one.
+            :mod:`selection_callbacks.methods.rho.callback` for the command); None: pretrain one.
         reference_steps: paper variant without ``reference``: pretraining steps on the target split.
         reference_batch_size: target sequences per pretraining step.
         proxy_layers: layers of the proxies built here.

@@ -10,7 +10,7 @@ import yaml
 from transformers import AutoConfig, AutoModelForCausalLM, PretrainedConfig
 from transformers.models.auto.modeling_auto import MODEL_FOR_CAUSAL_LM_MAPPING
 
-from selection_callbacks.learner.language_model import LitLanguageModel
+from models.language_model import LitLanguageModel
 
 __all__ = ["LitCausalLM", "causal_lm_config"]
 
@@ -19,7 +19,7 @@ class LitCausalLM(LitLanguageModel):
     """Any ``AutoModelForCausalLM`` architecture (Llama, Qwen2, GPT-2, ...) trained on (selected) superbatches.
 
     The model is ``AutoModelForCausalLM.from_config(config)``: random weights, nothing downloaded.
-    It has :class:`~selection_callbacks.learner.lit_gpt.LitGPT`'s contract and hyperparameters:
+    It has :class:`~models.lit_gpt.LitGPT`'s contract and hyperparameters:
     ``per_sample_loss(batch) -> Tensor[N]`` (mean next-token cross-entropy of each row over its
     ``labels``, or ``input_ids`` shifted by one, where ``loss_mask`` is 1), ``val/loss`` and
     ``val/bpb``, AdamW or Muon+AdamW split by :func:`~selection_callbacks.nn.optim.param_split`
@@ -32,7 +32,7 @@ class LitCausalLM(LitLanguageModel):
         trainer = L.Trainer(callbacks=[HighLossSelection(ratio=0.5)], max_steps=100)
 
         python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/random.yaml \\
-            --model selection_callbacks.learner.LitCausalLM --model.config configs/model/tiny-llama.yaml \
+            --model models.LitCausalLM --model.config configs/model/tiny-llama.yaml \
             --model.config.num_hidden_layers 4 ...   # the file's fields, one changed
 
     Args:

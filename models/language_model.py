@@ -30,7 +30,7 @@ class LitLanguageModel(L.LightningModule):
 
     A subclass sets ``self.model`` (its ``config`` has ``vocab_size`` and the field named by
     :attr:`max_len_field`), implements ``forward(input_ids [N, T]) -> logits [N, T, V]``, and has the
-    optimizer arguments of :class:`~selection_callbacks.learner.lit_gpt.LitGPT` among its saved
+    optimizer arguments of :class:`~models.lit_gpt.LitGPT` among its saved
     hyperparameters (``optimizer``, ``lr``, ``weight_decay``, ``betas``, ``muon_lr``, ``muon_momentum``,
     ``muon_weight_decay``, ``warmup_steps``, ``min_lr_ratio``).
 

@@ -20,7 +20,7 @@ from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.offline.reference_losses import ReferenceLossTable
 from selection_callbacks.scoring.windows import score_windows
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss
-from selection_callbacks.callbacks.proxy import ProxySelection
+from selection_callbacks.methods.bases.proxy import ProxySelection
 
 
 class RhoLossSelection(ProxySelection):

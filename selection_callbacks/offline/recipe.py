@@ -1,5 +1,0 @@
-"""Old path of :mod:`selection_callbacks.offline.autodata.recipe`, kept as an alias."""
-
-from selection_callbacks._moved import alias
-
-alias(__name__, "selection_callbacks.offline.autodata.recipe")
