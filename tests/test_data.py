@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from selection_callbacks.data.datamodule import PoolDataModule, superbatch_size
+from selection_callbacks.data.datamodule import PoolDataModule, candidates_per_rank
 from selection_callbacks.data.loader import SuperbatchLoader
 from selection_callbacks.data.packing import pack_source
 from selection_callbacks.data.readers import DataSourceError, iter_documents
@@ -186,13 +186,13 @@ def test_bad_sources(tiny_corpus, tmp_path: Path) -> None:
 @pytest.mark.parametrize("ratio", [0.0, -0.5, 1.5])
 def test_ratio_outside_unit_interval(ratio: float) -> None:
     with pytest.raises(ValueError, match=r"\(0, 1\]"):
-        superbatch_size(16, ratio)
+        candidates_per_rank(16, ratio)
 
 
 @pytest.mark.parametrize("k", [1, 3, 16, 64])
 @pytest.mark.parametrize("ratio", [0.1, 0.25, 0.3, 1 / 3, 0.5, 0.7, 1.0])
 def test_callback_keeps_exactly_the_datamodule_k(k: int, ratio: float) -> None:
-    n = superbatch_size(k, ratio)
+    n = candidates_per_rank(k, ratio)
     assert RandomSelection(ratio=ratio).keep(n) == k
 
 
