@@ -15,8 +15,8 @@ Where the kernel lacks Landlock or seccomp, code recipes are refused unless the 
 
 Example::
 
-    idx = run_code("def select(table, n_tokens, budget, rng):\\n    return budget.take(rng.permutation(len(n_tokens)), n_tokens)\\n",
-                   "<recipe code>", table, Budget(docs=10), seed=0, limits=SandboxLimits(wall_seconds=30))
+    code = "def select(table, n_tokens, budget, rng):\\n    return budget.take(rng.permutation(len(n_tokens)), n_tokens)\\n"
+    idx = run_code(code, "<recipe code>", table, Budget(docs=10), seed=0, limits=SandboxLimits(wall_seconds=30))
 """
 
 from __future__ import annotations

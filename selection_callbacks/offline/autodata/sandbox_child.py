@@ -74,7 +74,8 @@ def category(error: BaseException) -> str | None:
 
 def describe(error: BaseException) -> str:
     """``Type: message`` and the innermost frames as ``file:line in function``, no source lines."""
-    frames = [f"{f.f_code.co_filename}:{line} in {f.f_code.co_name}" for f, line in traceback.walk_tb(error.__traceback__)]
+    frames = [f"{frame.f_code.co_filename}:{line} in {frame.f_code.co_name}"
+              for frame, line in traceback.walk_tb(error.__traceback__)]
     text = f"{type(error).__name__}: {error}" + "".join(f"\n  at {frame}" for frame in frames[-4:])
     return text[:MESSAGE_CHARS]
 

@@ -184,7 +184,8 @@ def restrict_calls() -> None:
     _syscall("seccomp", 1, 1, ctypes.byref(program))
 
 
-def confine(readable: list[str], memory_bytes: int, cpu_seconds: float, mechanisms: tuple[str, ...] = MECHANISMS) -> None:
+def confine(readable: list[str], memory_bytes: int, cpu_seconds: float,
+            mechanisms: tuple[str, ...] = MECHANISMS) -> None:
     """Apply every layer: rlimits, no privileges, then the kernel ``mechanisms`` asked for.
 
     Args:
