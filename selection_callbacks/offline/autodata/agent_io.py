@@ -38,15 +38,22 @@ def run_agent(command: str, state: bytes, timeout: float, max_bytes: int, stderr
     except subprocess.TimeoutExpired as e:
         raise ProposalError(f"agent command timed out after {timeout:g} s") from e
     except OutputTooLarge as e:
+        _keep(stderr_log, f"{label}: stopped, {e}", e.stderr)
         raise ProposalError(f"agent printed {e}, more than a recipe may take (agent_max_bytes = {max_bytes}); "
                             "print one JSON recipe") from e
-    stderr = done.stderr.decode(errors="replace")
-    if stderr_log is not None and stderr:
-        with stderr_log.open("a") as log:
-            log.write(f"--- {label}: exit {done.returncode}\n{stderr}\n")
+    stderr = _keep(stderr_log, f"{label}: exit {done.returncode}", done.stderr)
     if done.returncode != 0:
         raise ProposalError(f"agent command exited with {done.returncode}: {stderr.strip()[-500:]}")
     return done.stdout
+
+
+def _keep(stderr_log: Path | None, header: str, stderr: bytes) -> str:
+    """Append a header and ``stderr`` to the log (when there is one and stderr is not empty); the text."""
+    text = stderr.decode(errors="replace")
+    if stderr_log is not None and text:
+        with stderr_log.open("a") as log:
+            log.write(f"--- {header}\n{text}\n")
+    return text
 
 
 def parse_recipe(answer: bytes) -> dict:

@@ -25,7 +25,15 @@ CHUNK = 1 << 16
 
 
 class OutputTooLarge(RuntimeError):
-    """The command printed more than the cap on stdout (it has been killed)."""
+    """The command printed more than the cap on stdout (it has been killed).
+
+    Attributes:
+        stderr: what it had printed on stderr by then (up to its cap).
+    """
+
+    def __init__(self, message: str, stderr: bytes = b"") -> None:
+        super().__init__(message)
+        self.stderr = stderr
 
 
 @dataclass(frozen=True)
@@ -100,7 +108,7 @@ def _exchange(proc: subprocess.Popen, data: bytes, deadline: float, max_stdout: 
             elif key.data is out:
                 out += chunk
                 if len(out) > max_stdout:
-                    raise OutputTooLarge(f"more than {max_stdout} bytes on stdout")
+                    raise OutputTooLarge(f"more than {max_stdout} bytes on stdout", bytes(err))
             else:
                 err += chunk[: max(0, max_stderr - len(err))]
     return bytes(out), bytes(err)
