@@ -106,7 +106,7 @@ def table(corpora):  # noqa: F811 - the imported fixture
 
 def test_the_sandbox_child_sees_no_inherited_environment(table, monkeypatch) -> None:
     monkeypatch.setenv("SANDBOX_SECRET", SECRET)
-    code = "import os\n" + SELECT + "    raise ValueError(sorted(set(os.environ) - {'LC_CTYPE'}))\n"  # LC_CTYPE: PEP 538
+    code = "import os\n" + SELECT + "    raise ValueError(sorted(set(os.environ) - {'LC_CTYPE'}))\n"  # PEP 538 sets it
     with pytest.raises(RecipeError, match=r"raised ValueError: \['MKL_NUM_THREADS', 'OMP_NUM_THREADS', "
                                           r"'OPENBLAS_NUM_THREADS'\]"):
         run_recipe(validate_recipe({"code": code}), table, Budget(docs=10), 0, timeout=30.0)
@@ -132,8 +132,9 @@ def select(table, n_tokens, budget, rng):
     cell = np.unique(table["length_bin"][:, None], axis=0, return_inverse=True)[1].reshape(-1)
     u = z(table["distinct_2"])
     s = np.zeros(len(n_tokens))
-    for w, v in ((-0.028, (np.bincount(cell, weights=u) / np.maximum(np.bincount(cell), 1))[cell]),
-                 (-2.109, np.abs(z(table["bpb_final"]))), (0.696, z(table["distinct_avg"])), (0.475, z(table["delta"]))):
+    cell_mean = (np.bincount(cell, weights=u) / np.maximum(np.bincount(cell), 1))[cell]
+    for w, v in ((-0.028, cell_mean), (-2.109, np.abs(z(table["bpb_final"]))), (0.696, z(table["distinct_avg"])),
+                 (0.475, z(table["delta"]))):
         s += w * v
     cut = np.quantile(s[rest], 0.701)
     above, below = rng.permutation(rest[s[rest] >= cut]), rest[s[rest] < cut]

@@ -44,7 +44,7 @@ def test_a_crafted_checkpoint_is_refused_and_creates_nothing(tmp_path, monkeypat
     path, made = crafted(tmp_path, "helper")
     if forced:
         monkeypatch.setenv(FORCE_PICKLE_VARIABLE, "1")
-    message = f"{FORCE_PICKLE_VARIABLE} is set.*unset it" if forced else "holds objects that loading would have to build"
+    message = f"{FORCE_PICKLE_VARIABLE} is set.*unset it" if forced else "holds objects that loading would have"
     with pytest.raises(UnsafeLoadError, match=message):
         load_user_file(path, "the reference checkpoint")
     assert not made.exists()

@@ -15,7 +15,7 @@ Where the kernel lacks Landlock or seccomp, code recipes are refused unless the 
 
 Example::
 
-    code = "def select(table, n_tokens, budget, rng):\\n    return budget.take(rng.permutation(len(n_tokens)), n_tokens)\\n"
+    code = "def select(table, n_tokens, budget, rng):\\n    return budget.take(range(len(n_tokens)), n_tokens)\\n"
     idx = run_code(code, "<recipe code>", table, Budget(docs=10), seed=0, limits=SandboxLimits(wall_seconds=30))
 """
 

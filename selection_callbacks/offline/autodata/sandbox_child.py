@@ -31,6 +31,8 @@ import numpy as np  # noqa: E402 - imported before the sandbox closes the file s
 
 import sandbox_guard  # noqa: E402
 
+del sys.path[0]  # recipes import from the interpreter's folders only
+
 N_TOKENS = "__n_tokens__"
 SEED_SALT = 0xA07D
 MESSAGE_CHARS = 1500

@@ -118,9 +118,11 @@ def limit_resources(memory_bytes: int, cpu_seconds: float, open_files: int = 64)
 
 
 def drop_privileges() -> None:
-    """Empty the capability sets and set no_new_privs (needed by Landlock and seccomp without root)."""
-    header = struct.pack("=Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
-    _syscall("capset", ctypes.create_string_buffer(header, 8), ctypes.create_string_buffer(24))
+    """Empty the capability sets (x86_64: the system-call numbers here are its) and set no_new_privs
+    (needed by Landlock and seccomp without root)."""
+    if platform.machine() == "x86_64":
+        header = struct.pack("=Ii", 0x20080522, 0)  # _LINUX_CAPABILITY_VERSION_3, this process
+        _syscall("capset", ctypes.create_string_buffer(header, 8), ctypes.create_string_buffer(24))
     if _libc.prctl(38, ctypes.c_ulong(1), ctypes.c_ulong(0), ctypes.c_ulong(0), ctypes.c_ulong(0)) != 0:
         raise OSError(ctypes.get_errno(), "prctl(PR_SET_NO_NEW_PRIVS) failed")
 
