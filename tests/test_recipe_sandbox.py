@@ -21,7 +21,7 @@ from selection_callbacks.offline.autodata.recipe import (
     RecipeError, apply_recipe_inline, feature_table, load_recipe, run_recipe, validate_recipe,
 )
 from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
-from selection_callbacks.offline.autodata.search import Search, TrialStore
+from selection_callbacks.offline.autodata.search import Search, TrialStore, build_parser
 from selection_callbacks.offline.corpus import Budget
 from selection_callbacks.offline.features import feature_bank
 from tests.test_autodata import GOOD, TINY_SEARCH, Scripted, budget_of, corpora  # noqa: F401 - corpora: fixture
@@ -208,3 +208,10 @@ def test_an_agent_that_prints_too_much_or_names_a_program_fails_its_trial_only(c
     assert [t["recipe"]["terms"][0]["weight"] for t in (trials[0], trials[3])] == [1.0, 4.0]
     log = (tmp_path / "search" / "agent_stderr.log").read_text()
     assert all(f"agent thinking about trial {t}" in log for t in range(4))
+
+
+def test_the_search_command_takes_trust_recipe_code() -> None:
+    parser = build_parser()
+    base = ["search", "--pool", "p", "--target", "t", "--budget-tokens", "5", "--out-dir", "o"]
+    assert parser.parse_args([*base, "--trust-recipe-code"]).search.trust_recipe_code is True
+    assert parser.parse_args(base).search.trust_recipe_code is False

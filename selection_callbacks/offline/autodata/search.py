@@ -350,7 +350,9 @@ def build_parser(parent: ActionSubCommands | None = None, name: str = "autodata"
                        "each recipe selects exactly this many documents")
     s.add_argument("--out-dir", required=True, help="trials.jsonl, final.json, best_recipe.json, report")
     s.add_argument("--progress", type=bool, default=True, help="progress bar and resume/best messages")
-    s.add_class_arguments(SearchConfig, None)
+    s.add_argument("--trust-recipe-code", "--trust_recipe_code", dest="trust_recipe_code", action="store_true",
+                   help="run code recipes even where the kernel lacks the sandbox (Landlock, seccomp): with your rights")
+    s.add_class_arguments(SearchConfig, None, skip={"trust_recipe_code"})
     sub.add_subcommand("search", s, help="run or resume a search")
     r = ArgumentParser(description="leaderboard, feature usage and score-vs-trial plot of searches")
     r.add_argument("dirs", nargs="+", help="search folders; the first one's leaderboard and usage are shown")
