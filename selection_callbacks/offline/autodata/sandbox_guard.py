@@ -13,8 +13,9 @@ kernel mechanism, so nothing the recipe does in Python (ctypes included) lifts i
   rename or delete anything; from ABI 4 TCP bind/connect are denied, from ABI 6 signals and
   abstract unix sockets outside the sandbox;
 - seccomp (a deny list, all threads): sockets fail with ENONET; fork, vfork, clone without
-  CLONE_THREAD, exec, signals, ptrace, rlimit changes, namespaces, mounts, io_uring, bpf and other
-  privileged calls fail with EPERM; clone3 with ENOSYS (threads fall back to clone); metadata
+  CLONE_THREAD, exec, signals, ptrace, rlimit changes, priority and memory-placement changes (which
+  may name other processes), namespaces, mounts, io_uring, bpf and other privileged calls fail
+  with EPERM; clone3 with ENOSYS (threads fall back to clone); metadata
   writes (chmod, chown, xattrs, times, truncate) with EACCES; a foreign syscall ABI kills the process.
 
 The errno tells the child which category a denied action belongs to (:data:`CATEGORY_OF_ERRNO`).
@@ -53,6 +54,7 @@ PROCESS_CALLS = (
     321, 298, 323, 425, 426, 427, 248, 249, 250, 135, 172, 173,  # bpf perf userfaultfd io_uring keys personality io
     169, 246, 320, 175, 313, 176, 167, 168, 170, 171, 164, 227,  # reboot kexec modules swap hostname clocks
     159, 305, 163, 303, 304, 300, 428, 429, 430, 431, 432, 433, 442, 179, 319,  # adjtime acct handles fanotify fs
+    141, 142, 144, 203, 251, 314, 256, 279, 312, 440, 448,  # priorities, affinity, pages, kcmp of other processes
 )
 FILE_CALLS = (90, 91, 92, 93, 94, 268, 452, 260, 188, 189, 190, 197, 198, 199, 463, 466, 469,  # chmod chown xattr
               132, 235, 261, 280, 76, 77, 285)  # utime(s) futimesat utimensat truncate ftruncate fallocate
