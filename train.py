@@ -25,6 +25,9 @@ histograms and domain tables (``--dashboard.histogram_every``).
 Loggers: the scale configs set none, so Lightning's default applies (TensorBoard when installed,
 else CSV, under the run folder). ``--config configs/logger/wandb.yaml`` logs to W&B offline
 (``runs/wandb/offline-run-*``; upload later with ``wandb sync``).
+
+``--ckpt_path`` resumes a run; the checkpoint loads with ``weights_only=True`` (tensors and plain
+containers, no code), and is refused while ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` is set.
 """
 
 from __future__ import annotations
@@ -36,6 +39,7 @@ from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
 from models.lit_gpt import LitGPT
+from selection_callbacks.core.safe_load import refuse_forced_pickle
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.callbacks.ledger_writer import SelectionLedger
@@ -82,6 +86,16 @@ class SelectionCLI(LightningCLI):
     def _instantiate_trainer(self, config, callbacks):
         # an absent --selection is None among the extra callbacks: leave it out
         return super()._instantiate_trainer(config, [c for c in callbacks if c is not None])
+
+    def parse_arguments(self, parser, args) -> None:
+        """Parse ``args``; a resume from ``--ckpt_path`` loads with ``weights_only=True`` only, and is refused
+        while ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` is set (before LightningCLI reads the checkpoint's hparams)."""
+        super().parse_arguments(parser, args)
+        config = self.config.get(self.config.get("subcommand") or "", None)
+        if config is not None and config.get("ckpt_path") is not None:
+            refuse_forced_pickle(config.ckpt_path, "the resume checkpoint (--ckpt_path)")
+            if "weights_only" in config:
+                config.weights_only = True
 
     def before_fit(self) -> None:
         has_selector = any(isinstance(c, SelectionCallback) for c in self.trainer.callbacks)

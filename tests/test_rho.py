@@ -117,7 +117,7 @@ def test_clear_errors(trained: dict, tmp_path: Path) -> None:
     with pytest.raises(FileNotFoundError, match="reference checkpoint .* does not exist"):
         _select(trained, RhoLossSelection(reference=str(tmp_path / "missing.ckpt")))
     (tmp_path / "junk.ckpt").write_bytes(b"not a checkpoint")
-    with pytest.raises(ValueError, match="is not a checkpoint train.py wrote"):
+    with pytest.raises(ValueError, match="is refused: it is not a torch.save file"):
         _select(trained, RhoLossSelection(reference=str(tmp_path / "junk.ckpt")))
     reference, learner = load_reference(trained["ckpt"]), LitGPT.load_from_checkpoint(trained["ckpt"]).eval()
     assert isinstance(reference, ProxyLM) and reference.config == learner.config

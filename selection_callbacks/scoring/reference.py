@@ -2,19 +2,17 @@
 
 The checkpoint is read as data: its ``hyper_parameters["config"]`` (a :class:`GPTConfig`, or its
 fields as a mapping, as ``train.py``'s command line saves it) and the
-``model.*`` weights of its ``state_dict``, loaded with ``weights_only=True`` into the plugin's own
+``model.*`` weights of its ``state_dict``, loaded with ``weights_only=True`` (:func:`~selection_callbacks.core.safe_load.load_user_file`) into the plugin's own
 :class:`~selection_callbacks.scoring.proxy_models.ProxyLM`. No class of the learner is imported and
 no pickled code runs.
 """
 
 from __future__ import annotations
 
-import pickle
 from dataclasses import fields
 from pathlib import Path
 
-import torch
-
+from selection_callbacks.core.safe_load import load_user_file
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.scoring.proxy_models import ProxyLM
 
@@ -32,7 +30,8 @@ def load_reference(path: str | Path) -> ProxyLM:
 
     Raises:
         FileNotFoundError: no file at ``path``.
-        ValueError: the file is not a weights-only loadable GPT checkpoint (the message says what it lacks).
+        UnsafeLoadError: the file needs the full pickle loader, or ``TORCH_FORCE_NO_WEIGHTS_ONLY_LOAD`` is set.
+        ValueError: the file is not a GPT checkpoint (the message says what it lacks).
 
     Example::
 
@@ -45,9 +44,9 @@ def load_reference(path: str | Path) -> ProxyLM:
             "(the RHO-LOSS method card has the command)"
         )
     try:
-        checkpoint = torch.load(path, map_location="cpu", weights_only=True)
-    except (pickle.UnpicklingError, RuntimeError, EOFError) as err:
-        raise ValueError(f"{str(path)!r} is not a checkpoint train.py wrote, or it holds more than weights: {err}") from err
+        checkpoint = load_user_file(path, "the reference checkpoint", [GPTConfig])
+    except (RuntimeError, EOFError) as err:
+        raise ValueError(f"{str(path)!r} is not a checkpoint train.py wrote: {err}") from err
     config = (checkpoint.get("hyper_parameters") or {}).get("config") if isinstance(checkpoint, dict) else None
     if isinstance(config, dict) and set(config) <= {f.name for f in fields(GPTConfig)}:
         config = GPTConfig(**config)

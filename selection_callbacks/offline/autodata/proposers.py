@@ -13,7 +13,8 @@ uninterrupted one would have.
   recipe already tried.
 - :class:`AgentProposer`: runs a user command (an LLM agent, AIDE-style). It receives on stdin
   ``{"trial", "history", "features", "categorical", "rules", "schema", "presets", "budget"}`` as
-  JSON and must print one recipe as JSON on stdout.
+  JSON and must print one recipe as JSON on stdout (size-capped; inline ``code`` only, never a
+  ``program`` path).
 """
 
 from __future__ import annotations
@@ -21,17 +22,19 @@ from __future__ import annotations
 import copy
 import json
 import math
-import subprocess
+from pathlib import Path
 from typing import Any, Callable, Protocol
 
 import numpy as np
 
 from selection_callbacks.offline.autodata import recipe as recipe_module
+from selection_callbacks.offline.autodata.agent_io import ProposalError, parse_recipe, run_agent
 from selection_callbacks.offline.corpus import Budget
 from selection_callbacks.offline.autodata.recipe import (
     CATEGORICAL, FEATURES, PRESET_DIR, RULE_DEFAULTS, RULES, FeatureTable, RecipeError, apply_recipe_inline,
     load_recipe, robust_tanh_z, validate_recipe,
 )
+from selection_callbacks.offline.autodata.sandbox import truncate
 
 __all__ = [
     "AgentProposer", "EvolutionProposer", "MAX_TERMS", "POSITIVE_SKEWED", "ProposalError", "Proposer", "RandomProposer",
@@ -49,10 +52,6 @@ class Proposer(Protocol):
     def propose(self, history: list[dict[str, Any]], trial: int, rng: np.random.Generator) -> dict:
         """The recipe of trial ``trial`` given the finished trials (their records, in trial order)."""
         ...
-
-
-class ProposalError(RuntimeError):
-    """A proposer could not produce a recipe (agent command failed, printed no JSON, timed out)."""
 
 
 def presets() -> dict[str, dict]:
@@ -423,24 +422,34 @@ class EvolutionProposer:
 class AgentProposer:
     """Runs ``command`` (a shell command) with the search state as JSON on stdin; reads one recipe from stdout.
 
+    The answer is read up to ``max_bytes`` (a longer one kills the command and fails the proposal)
+    and must be one JSON object; a recipe naming a ``program`` file is refused (an agent gives
+    inline ``code``, which runs in the sandbox). The errors of earlier trials reach the agent cut to
+    :data:`~selection_callbacks.offline.autodata.sandbox.MESSAGE_CHARS` characters. The command's
+    stderr is appended to ``stderr_log`` (when given) for the user.
+
     Args:
         command: e.g. ``"python my_agent.py"``; it sees ``{"trial", "history", "features", ...}``.
         timeout: seconds the command may take.
         context: extra fields of the payload (feature statistics, the budget).
+        max_bytes: the most the command may print on stdout.
+        stderr_log: file the command's stderr is appended to, a header per trial.
     """
 
     name = "agent"
 
-    def __init__(self, command: str, timeout: float = 300.0, context: dict[str, Any] | None = None) -> None:
+    def __init__(self, command: str, timeout: float = 300.0, context: dict[str, Any] | None = None,
+                 max_bytes: int = 1 << 20, stderr_log: Path | None = None) -> None:
         if not command.strip():
             raise ValueError("the agent proposer needs a command")
         self.command, self.timeout, self.context = command, timeout, context or {}
+        self.max_bytes, self.stderr_log = max_bytes, stderr_log
         self.presets = presets()
 
     def payload(self, history: list[dict[str, Any]], trial: int) -> dict[str, Any]:
         return {
             "trial": trial,
-            "history": history,
+            "history": [{**h, "error": truncate(h["error"])} if h.get("error") else h for h in history],
             "features": list(FEATURES),
             "categorical": list(CATEGORICAL),
             "rules": {k: list(v) for k, v in RULES.items()},
@@ -450,28 +459,17 @@ class AgentProposer:
         }
 
     def propose(self, history: list[dict[str, Any]], trial: int, rng: np.random.Generator) -> dict:
-        try:
-            done = subprocess.run(
-                self.command, shell=True, input=json.dumps(self.payload(history, trial)), capture_output=True,
-                text=True, timeout=self.timeout,
-            )
-        except subprocess.TimeoutExpired as e:
-            raise ProposalError(f"agent command timed out after {self.timeout:g} s") from e
-        if done.returncode != 0:
-            raise ProposalError(f"agent command exited with {done.returncode}: {done.stderr.strip()[-500:]}")
-        try:
-            recipe = json.loads(done.stdout)
-        except json.JSONDecodeError as e:
-            raise ProposalError(f"agent printed no JSON recipe ({e}): {done.stdout.strip()[:300]!r}") from e
-        if not isinstance(recipe, dict):
-            raise ProposalError(f"agent printed {type(recipe).__name__}, not a recipe object")
-        return recipe
+        answer = run_agent(self.command, json.dumps(self.payload(history, trial)).encode(), self.timeout,
+                           self.max_bytes, self.stderr_log, f"trial {trial}")
+        return parse_recipe(answer)
 
 
 def make_proposer(name: str, agent_command: str | None = None, agent_timeout: float = 300.0,
                   context: dict[str, Any] | None = None, n_init: int = 8, seed_presets: bool = True,
-                  profile: Callable[[dict], np.ndarray | None] | None = None) -> Proposer:
-    """``random`` | ``evolution`` (``n_init``, ``seed_presets``, ``profile``) | ``agent`` (needs ``agent_command``)."""
+                  profile: Callable[[dict], np.ndarray | None] | None = None, agent_max_bytes: int = 1 << 20,
+                  agent_log: Path | None = None) -> Proposer:
+    """``random`` | ``evolution`` (``n_init``, ``seed_presets``, ``profile``) | ``agent`` (needs
+    ``agent_command``; ``agent_max_bytes`` caps its answer, ``agent_log`` keeps its stderr)."""
     if name == "random":
         return RandomProposer()
     if name == "evolution":
@@ -479,5 +477,5 @@ def make_proposer(name: str, agent_command: str | None = None, agent_timeout: fl
     if name == "agent":
         if not agent_command:
             raise ValueError("--proposer agent needs --agent-command, the command that prints a recipe")
-        return AgentProposer(agent_command, agent_timeout, context)
+        return AgentProposer(agent_command, agent_timeout, context, agent_max_bytes, agent_log)
     raise ValueError(f"unknown proposer {name!r}; available: random, evolution, agent")

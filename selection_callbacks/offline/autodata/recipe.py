@@ -36,18 +36,20 @@ that meets B, so every recipe returns exactly the budget.
 
 Programs. ``{"name": ..., "program": "path/to/recipe.py"}`` (or ``"code": "<python source>"``) runs
 ``select(table, n_tokens, budget, rng)`` from that file instead: ``table`` maps feature names to
-arrays [D], ``budget`` is a :class:`Budget`, and it must return the chosen document indices, which
-must be exactly the budget (``Budget.take`` of their own order returns them unchanged).
-:func:`run_recipe` runs any recipe in a child process under a time limit, so a recipe that raises,
-hangs or returns the wrong size is reported as a :class:`RecipeError`, never a crash.
+arrays [D], ``budget`` has ``tokens``, ``docs``, ``take(order, n_tokens)`` and ``describe()`` like
+:class:`Budget`, and it must return the chosen document indices, which must be exactly the budget
+(``budget.take`` of their own order returns them unchanged). Programs run only in the sandbox
+(:mod:`selection_callbacks.offline.autodata.sandbox`: a fresh interpreter confined by the kernel,
+bounded in memory, CPU and wall-clock seconds); term recipes are data and run in this process.
+:func:`run_recipe` reports a recipe that is refused, breaks a sandbox rule, raises, hangs or returns
+the wrong size as a :class:`RecipeError`, never a crash.
 """
 
 from __future__ import annotations
 
+import dataclasses
 import json
 import math
-import multiprocessing as mp
-import traceback
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -55,6 +57,7 @@ from typing import Any
 import numpy as np
 
 from selection_callbacks.core.sampling import gumbel_keys, gumbel_order
+from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
 from selection_callbacks.offline.corpus import Budget, Corpus
 from selection_callbacks.offline.features import NGRAM_ORDERS, NUMERIC_FEATURES, FeatureBank
 
@@ -413,24 +416,16 @@ def apply_term_recipe(recipe: dict, table: FeatureTable, budget: Budget, seed: i
     return budget.take(np.concatenate([backbone, rule_order(recipe, s, rest, table, rng)]), table.n_tokens)
 
 
-def _run_program(recipe: dict, table: FeatureTable, budget: Budget, seed: int) -> np.ndarray:
-    if "program" in recipe:
-        source, filename = Path(recipe["program"]).read_text(), recipe["program"]
-    else:
-        source, filename = recipe["code"], "<recipe code>"
-    scope: dict[str, Any] = {"__name__": "autodata_recipe"}
-    exec(compile(source, filename, "exec"), scope)
-    if not callable(scope.get("select")):
-        raise RecipeError("the program defines no select(table, n_tokens, budget, rng)")
-    out = scope["select"](table.columns(), table.n_tokens.copy(), budget, np.random.default_rng([seed, 0xA07D]))
-    return np.asarray(out)
-
-
 def apply_recipe_inline(recipe: dict, table: FeatureTable, budget: Budget, seed: int) -> np.ndarray:
-    """Run a validated recipe in this process and check its answer is exactly the budget."""
-    idx = _run_program(recipe, table, budget, seed) if ("program" in recipe or "code" in recipe) else (
-        apply_term_recipe(recipe, table, budget, seed)
-    )
+    """Run a validated term recipe in this process and check its answer is exactly the budget.
+
+    Raises:
+        RecipeError: the recipe is code (code runs only in the sandbox: :func:`run_recipe`), or its
+            answer is not exactly the budget.
+    """
+    if "program" in recipe or "code" in recipe:
+        raise RecipeError("code recipes run only in the sandbox: use run_recipe")
+    idx = apply_term_recipe(recipe, table, budget, seed)
     check_subset(idx, table.n_tokens, budget)
     return idx.astype(np.int64)
 
@@ -454,39 +449,25 @@ def check_subset(idx: np.ndarray, n_tokens: np.ndarray, budget: Budget) -> None:
         )
 
 
-def _child(conn, recipe: dict, table: FeatureTable, budget: Budget, seed: int) -> None:
-    try:
-        conn.send(("ok", apply_recipe_inline(recipe, table, budget, seed)))
-    except BaseException as e:  # noqa: BLE001 - everything a recipe raises is a failed trial
-        kind = "invalid" if isinstance(e, RecipeError) else "error"
-        conn.send((kind, f"{type(e).__name__}: {e}\n{traceback.format_exc(limit=4)}"))
-    finally:
-        conn.close()
+def run_recipe(recipe: dict, table: FeatureTable, budget: Budget, seed: int, timeout: float = 60.0,
+               limits: SandboxLimits | None = None, trust_code: bool = False) -> np.ndarray:
+    """Apply a validated recipe: a term recipe in this process, code in the sandbox.
 
+    Args:
+        timeout: wall-clock seconds a code recipe may take.
+        limits: its CPU seconds and memory (None = the defaults); ``limits.wall_seconds`` is ``timeout``.
+        trust_code: run code even where the kernel lacks the sandbox's mechanisms.
 
-def run_recipe(recipe: dict, table: FeatureTable, budget: Budget, seed: int, timeout: float = 60.0) -> np.ndarray:
-    """Apply a validated recipe in a forked child under ``timeout`` seconds.
-
-    Returns the indices; raises :class:`RecipeError` when the recipe raises, times out, dies or
-    returns something other than exactly the budget.
+    Returns the indices; raises :class:`RecipeError` when the recipe is refused, breaks a sandbox
+    rule, raises, times out, dies or returns something other than exactly the budget.
     """
-    ctx = mp.get_context("fork")
-    recv, send = ctx.Pipe(duplex=False)
-    proc = ctx.Process(target=_child, args=(send, recipe, table, budget, seed), daemon=True)
-    proc.start()
-    send.close()
-    try:
-        if not recv.poll(timeout):
-            raise RecipeError(f"timed out after {timeout:g} s")
-        try:
-            kind, payload = recv.recv()
-        except EOFError as e:
-            raise RecipeError(f"the recipe's process died (exit code {proc.exitcode})") from e
-    finally:
-        if proc.is_alive():
-            proc.kill()
-        proc.join()
-        recv.close()
-    if kind != "ok":
-        raise RecipeError(payload if kind == "invalid" else f"raised {payload}")
-    return payload
+    if "program" not in recipe and "code" not in recipe:
+        return apply_recipe_inline(recipe, table, budget, seed)
+    from selection_callbacks.offline.autodata.sandbox import run_code  # the sandbox imports this module
+
+    if "program" in recipe:
+        source, filename = Path(recipe["program"]).read_text(), recipe["program"]
+    else:
+        source, filename = recipe["code"], "<recipe code>"
+    limits = dataclasses.replace(limits or SandboxLimits(), wall_seconds=timeout)
+    return run_code(source, filename, table, budget, seed, limits, trust_code)

@@ -3,7 +3,7 @@
 Loop, one trial t at a time (``batch`` trials propose together and train in parallel workers)::
 
     recipe_t = proposer(history)                     # evolution | random | agent command
-    S_t      = recipe_t(feature table, budget B)     # child process, time limit; exactly B
+    S_t      = recipe_t(feature table, budget B)     # terms in-process, code in the sandbox; exactly B
     score_t  = target bpb of a fresh proxy GPT trained on S_t for trial_tokens tokens
     history ← history + [trial_t]                    # appended to <out>/trials.jsonl
 
@@ -18,6 +18,8 @@ is exported to ``<out>/best_recipe.json``; ``report.md`` and ``score_vs_trial.pn
     selection-callbacks autodata search --pool data/default/pool.jsonl \
         --target data/default/target.jsonl --budget-tokens 2048001 --trials 40 --out-dir runs/autodata
     selection-callbacks autodata search ... --proposer agent --agent-command "python agent.py"
+    (code recipes run in the kernel sandbox: docs/autodata-sandbox.md; ``--trust-recipe-code``
+    runs them where the kernel lacks it)
     selection-callbacks autodata report runs/autodata runs/autodata-random
     selection-callbacks select autodata --recipe runs/autodata/best_recipe.json ...
 
@@ -47,6 +49,7 @@ from selection_callbacks.core.arguments import add_pool_arguments, command_parse
 from selection_callbacks.offline.autodata import recipe as recipe_module
 from selection_callbacks.offline.autodata.proposers import ProposalError, Proposer, SubsetProfile, make_proposer
 from selection_callbacks.offline.autodata.report import write_report
+from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
 from selection_callbacks.offline.features import FeatureConfig, feature_bank
 from selection_callbacks.offline.proxy_reward import ProxyReward
@@ -63,12 +66,18 @@ class AutoDataConfig:
     Attributes:
         recipe: a recipe JSON file or a preset name (``configs/recipes/<name>.json``; the search's
             exported winner ships as ``autodata_best``).
-        timeout: seconds the recipe may run.
+        timeout: wall-clock seconds a code recipe may run.
+        cpu_seconds: CPU seconds a code recipe may use (None = ``timeout``).
+        memory_mb: memory (MiB) a code recipe may allocate.
+        trust_recipe_code: run a code recipe even where the kernel lacks the sandbox's mechanisms.
         bank: the feature bank the recipe reads.
     """
 
     recipe: str = "autodata_best"
     timeout: float = 60.0
+    cpu_seconds: float | None = None
+    memory_mb: int = 2048
+    trust_recipe_code: bool = False
     bank: FeatureConfig = field(default_factory=FeatureConfig)
 
 
@@ -83,7 +92,8 @@ def apply_recipe(table: FeatureTable, budget: Budget, seed: int, cfg: AutoDataCo
     """``cfg.recipe`` run on a feature table (a failing recipe is an error here, naming why)."""
     recipe = load_recipe(cfg.recipe)
     try:
-        idx = run_recipe(recipe, table, budget, seed, cfg.timeout)
+        limits = SandboxLimits(cfg.timeout, cfg.cpu_seconds, cfg.memory_mb)
+        idx = run_recipe(recipe, table, budget, seed, cfg.timeout, limits, cfg.trust_recipe_code)
     except RecipeError as e:
         raise SelectionError(f"recipe {cfg.recipe!r} failed: {e}") from e
     return Selection(idx, {"recipe": recipe})
@@ -98,6 +108,7 @@ class SearchConfig:
         proposer: ``evolution`` (built in, offline), ``random`` (prior draws) or ``agent``.
         agent_command: shell command of the agent proposer (JSON history on stdin, recipe on stdout).
         agent_timeout: seconds the agent may take per proposal.
+        agent_max_bytes: the most the agent may print per proposal (a longer answer fails the trial).
         n_init: evolution: trials before children are proposed (uniform, presets, prior draws).
         seed_presets: evolution: run the paper's presets early and let them compete as parents.
         batch: trials proposed together from the same history (results do not depend on ``workers``).
@@ -107,7 +118,11 @@ class SearchConfig:
         trial_tokens: training tokens of each trial's proxy.
         proxy: the proxy's shape and optimiser.
         reward_windows: evenly spaced target windows a trial is scored on; None = all.
-        recipe_timeout: seconds a recipe may take to select.
+        recipe_timeout: wall-clock seconds a code recipe may take to select.
+        recipe_cpu_seconds: CPU seconds a code recipe may use (None = ``recipe_timeout``).
+        recipe_memory_mb: memory (MiB) a code recipe may allocate.
+        trust_recipe_code: run code recipes even where the kernel lacks the sandbox's mechanisms
+            (they then run with the user's rights).
         final_top: best recipes retrained at the end with more proxy seeds (0 = skip).
         final_seeds: extra proxy seeds of that retraining.
         bank: the feature bank.
@@ -117,6 +132,7 @@ class SearchConfig:
     proposer: str = "evolution"
     agent_command: str | None = None
     agent_timeout: float = 300.0
+    agent_max_bytes: int = 1 << 20
     n_init: int = 8
     seed_presets: bool = True
     batch: int = 2
@@ -127,15 +143,20 @@ class SearchConfig:
     proxy: ProxyConfig = field(default_factory=ProxyConfig)
     reward_windows: int | None = None
     recipe_timeout: float = 60.0
+    recipe_cpu_seconds: float | None = None
+    recipe_memory_mb: int = 2048
+    trust_recipe_code: bool = False
     final_top: int = 3
     final_seeds: int = 2
     bank: FeatureConfig = field(default_factory=FeatureConfig)
 
     def identity(self) -> dict[str, Any]:
-        """What a resumed search must share with the original (``trials`` and ``workers`` may change)."""
+        """What a resumed search must share with the original (``trials``, ``workers``, the agent's
+        output cap and the sandbox's CPU, memory and trust settings may change)."""
         d = asdict(self)
-        d.pop("trials")
-        d.pop("workers")
+        for free in ("trials", "workers", "agent_max_bytes", "recipe_cpu_seconds", "recipe_memory_mb",
+                     "trust_recipe_code"):
+            d.pop(free)
         return d
 
 
@@ -196,8 +217,9 @@ class Search:
         context = {"budget": asdict(budget), "feature_summary": self.feature_summary()}
         self.proposer = proposer or make_proposer(
             cfg.proposer, cfg.agent_command, cfg.agent_timeout, context, cfg.n_init, cfg.seed_presets,
-            SubsetProfile(self.table, budget, cfg.seed),
+            SubsetProfile(self.table, budget, cfg.seed), cfg.agent_max_bytes, self.out / "agent_stderr.log",
         )
+        self.limits = SandboxLimits(cfg.recipe_timeout, cfg.recipe_cpu_seconds, cfg.recipe_memory_mb)
 
     def check_settings(self) -> None:
         path = self.out / "search.json"
@@ -236,7 +258,7 @@ class Search:
         record["features"] = sorted(recipe_features(recipe))
         start = time.perf_counter()
         try:
-            idx = run_recipe(recipe, self.table, self.budget, self.cfg.seed, self.cfg.recipe_timeout)
+            idx = self.select(recipe)
         except RecipeError as e:
             record["error"] = f"recipe failed: {e}"
             return record, None
@@ -245,6 +267,11 @@ class Search:
         record.update(subset_hash=subset_hash(self.pool.ids[idx]), documents=int(idx.size),
                       tokens=int(self.pool.n_tokens[idx].sum()))
         return record, idx
+
+    def select(self, recipe: dict) -> np.ndarray:
+        """The subset of a validated recipe (code in the sandbox under the search's limits)."""
+        return run_recipe(recipe, self.table, self.budget, self.cfg.seed, self.cfg.recipe_timeout, self.limits,
+                          self.cfg.trust_recipe_code)
 
     def run(self) -> dict[str, Any]:
         """Run (or resume) the trials, the final retraining and the export; returns the best trial."""
@@ -297,7 +324,7 @@ class Search:
             for h in top:
                 scores = [h["score"]]
                 if seeds:
-                    idx = run_recipe(h["recipe"], self.table, self.budget, self.cfg.seed, self.cfg.recipe_timeout)
+                    idx = self.select(h["recipe"])
                     scores += [_bpb(float(r)) for r in reward([idx] * len(seeds), seeds)]
                 rows.append({"trial": h["trial"], "scores": scores, "mean": float(np.mean(scores)), "recipe": h["recipe"]})
             rows.sort(key=lambda r: r["mean"])
@@ -323,7 +350,9 @@ def build_parser(parent: ActionSubCommands | None = None, name: str = "autodata"
                        "each recipe selects exactly this many documents")
     s.add_argument("--out-dir", required=True, help="trials.jsonl, final.json, best_recipe.json, report")
     s.add_argument("--progress", type=bool, default=True, help="progress bar and resume/best messages")
-    s.add_class_arguments(SearchConfig, None)
+    s.add_argument("--trust-recipe-code", "--trust_recipe_code", dest="trust_recipe_code", action="store_true",
+                   help="run code recipes even where the kernel lacks the sandbox (Landlock, seccomp): with your rights")
+    s.add_class_arguments(SearchConfig, None, skip={"trust_recipe_code"})
     sub.add_subcommand("search", s, help="run or resume a search")
     r = ArgumentParser(description="leaderboard, feature usage and score-vs-trial plot of searches")
     r.add_argument("dirs", nargs="+", help="search folders; the first one's leaderboard and usage are shown")
