@@ -78,7 +78,7 @@ def comparison_page(name: str, results: dict, readme: str, table) -> str:
         mean, half = table.paired_interval(diffs)
         oracle = table.ORACLE[bool(entry.get("offline"))]
         share = mean / table.paired_interval(table.deltas(results, oracle))[0] if oracle in methods else float("nan")
-        rows.append(f"| `{method}` | {len(finals)} | {sum(finals) / len(finals):.4f} | {mean:+.4f} ± {half:.4f} | "
+        rows.append(f"| {method} | {len(finals)} | {sum(finals) / len(finals):.4f} | {mean:+.4f} ± {half:.4f} | "
                     f"{p_value(diffs)} | {'—' if method == 'random' or share != share else f'{share:.0%}'} |")
     return (f"{title if title.startswith('# ') else '# ' + name}\n\n"
             f"Computed from `bench/results/{name}/results.json` when the site is built.\n\n" + "\n".join(rows) +
@@ -103,13 +103,14 @@ def curves_png(name: str, results: dict) -> bytes:
     import numpy as np
 
     fig, ax = plt.subplots(figsize=(8, 4.5), dpi=110)
+    ax.set_prop_cycle(color=plt.cm.tab20.colors)
     for method, entry in results["methods"].items():
         curves = [np.asarray(r["curve"], dtype=float) for r in entry["runs"]]
         n = min(len(c) for c in curves)
         mean = np.mean([c[:n, 2] for c in curves], axis=0)
-        style = {"color": "black", "lw": 2.2} if method == "random" else {"lw": 1.2}
+        style = {"color": "black", "lw": 2.2} if method == "random" else {"lw": 1.2, "ls": "--" if entry.get("offline") else "-"}
         ax.plot(curves[0][:n, 0] / 1e6, mean, label=method, **style)
-    ax.set(xlabel="update tokens (millions)", ylabel="val bpb", title=name)
+    ax.set(xlabel="update tokens (millions)", ylabel="val bpb", title=f"{name}: online solid, offline dashed")
     ax.grid(alpha=0.3)
     ax.legend(fontsize=7, ncol=2)
     buffer = io.BytesIO()

@@ -51,24 +51,24 @@ class Row(NamedTuple):
 
 ROWS = (
     Row("[RHO-LOSS](selection_callbacks/methods/rho/README.md), 16-token windows", "default-adamw",
-        "rho@score_len=16", False, "`per_sample_loss`; target split (reference)"),
+        "rho@score_len=16", False, "per-sample loss, target split"),
     Row("[RHO-LOSS](selection_callbacks/methods/rho/README.md)", "default-adamw", "rho", False,
-        "`per_sample_loss`; target split (reference)"),
+        "per-sample loss, target split"),
     Row("[ClassAct](selection_callbacks/methods/classact/README.md)", "default-adamw", "classact", False,
-        "`per_sample_loss`; target split (reference)"),
+        "per-sample loss, target split"),
     Row("[GREATS](selection_callbacks/methods/greats/README.md)", "default-adamw", "greats", False,
-        "`per_sample_loss`; target rows; SGD/AdamW/Muon"),
+        "per-sample loss, target rows, SGD/AdamW/Muon"),
     Row("[OPUS](selection_callbacks/methods/opus/README.md)", "default-adamw-rescaled", "opus", False,
-        "`per_sample_loss`; target rows; SGD/AdamW/Muon"),
+        "per-sample loss, target rows, SGD/AdamW/Muon"),
     Row("[high-loss](selection_callbacks/methods/high_loss/README.md)", "default-adamw", "high_loss", False,
-        "`per_sample_loss`"),
+        "per-sample loss"),
     Row("[oracle](selection_callbacks/methods/oracle/README.md) (online)", "default-adamw", "oracle", False,
         "domain labels"),
-    Row("DATAMASK (offline)", "default-adamw", "datamask", True, "pool + target text, a pass"),
-    Row("learned policy (offline)", "default-adamw", "policy", True, "pool + target text, a pass"),
-    Row("AutoData recipe (offline)", "default-adamw", "autodata", True, "pool + target text, a pass"),
-    Row("DSIR (offline)", "default-adamw", "dsir", True, "pool + target text"),
-    Row("warmup delta (offline)", "default-adamw", "warmup_delta", True, "pool text, a pass"),
+    Row("DATAMASK (offline)", "default-adamw", "datamask", True, "pool + target, a proxy pass"),
+    Row("learned policy (offline)", "default-adamw", "policy", True, "pool + target, a proxy pass"),
+    Row("AutoData recipe (offline)", "default-adamw", "autodata", True, "pool + target, a proxy pass"),
+    Row("DSIR (offline)", "default-adamw", "dsir", True, "pool + target"),
+    Row("warmup delta (offline)", "default-adamw", "warmup_delta", True, "pool, a proxy pass"),
     Row("oracle (offline)", "default-adamw", "oracle_offline", True, "domain labels"),
 )
 ORACLE = {False: "oracle", True: "oracle_offline"}
@@ -146,8 +146,8 @@ def render() -> str:
     """The markdown table, rows in ``ROWS`` order."""
     timings = [load(f"{path}/steptime.json") for path in STEPTIMES]
     lines = [
-        "| method | Δ val bpb vs tuned random, 95% CI | its oracle's Δ | share of oracle's gain | step × | "
-        "wall-clock to random's final bpb × | needs |",
+        "| method | Δ val bpb, 95% CI | its oracle's Δ | share of oracle's gain | step × | "
+        "wall-clock to random's bpb × | needs |",
         "|---|---:|---:|---:|---:|---:|---|",
     ]
     lines += ["| " + " | ".join(cells(row, timings)) + " |" for row in ROWS]
