@@ -48,3 +48,31 @@ def test_stale_table_is_detected(tmp_path) -> None:
     text = f"intro\n{table.START}\n| old |\n{table.END}\ntail\n"
     new = table.replaced(text, "| new |\n")
     assert new == f"intro\n{table.START}\n| new |\n{table.END}\ntail\n" and new != text
+
+
+def python_block(path: Path, after: str) -> str:
+    """The first ```python block after the heading ``after`` in a markdown file."""
+    return path.read_text().split(after, 1)[1].split("```python", 1)[1].split("```", 1)[0]
+
+
+def test_readme_and_contract_examples_select_in_a_fit() -> None:
+    """The README's new method and the contract page's worked example run in a Trainer on the own-model page's learner."""
+    import lightning as L
+    import torch
+
+    namespace: dict = {}
+    learner = python_block(ROOT / "docs" / "own-model-and-data.md", "<!-- own-model:start -->")
+    exec(learner.split("callback = HighLossSelection")[0], namespace)
+    exec(python_block(ROOT / "README.md", "## Add a method"), namespace)
+    exec(python_block(ROOT / "docs" / "contract.md", "## A worked example"), namespace)
+
+    class WithLogits(namespace["TinyLM"]):
+        def logits(self, ids: torch.Tensor) -> torch.Tensor:
+            return self.head(torch.relu(self.mix(self.embed(ids))))
+
+    for name in ("LowLossSelection", "TokenEntropySelection"):
+        callback = namespace[name](ratio=0.5)
+        trainer = L.Trainer(max_steps=2, callbacks=[callback], logger=False, enable_checkpointing=False,
+                            enable_progress_bar=False, enable_model_summary=False)
+        trainer.fit(WithLogits(), datamodule=namespace["MyData"]())
+        assert callback.selections == 2 and callback.last_selected.numel() == 8
