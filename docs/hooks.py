@@ -12,8 +12,8 @@
 Pages are written with links relative to where their source lives in the repository, so they also
 resolve on GitHub. Each link is mapped into the site: a docs page or card to its page, a cited
 comparison's folder or README to its generated page; a link to any other repository file becomes the
-file's path in code type, since the site does not carry it. Strict mode then fails on any link left
-pointing nowhere.
+file's path in code type, since the site does not carry it; a link to a path the repository lacks is left
+as written, so strict mode fails on it, and an image the site lacks (plots are not committed) is left out.
 """
 
 from __future__ import annotations
@@ -146,8 +146,10 @@ def mapped(match: re.Match, source: str, page: str, files) -> str:
     if site is not None:
         link = posixpath.relpath(site, posixpath.dirname(page) or ".")
         return f"{image}[{text}]({link}{'#' + anchor if anchor else ''})"
-    if image:
+    if image:  # plots are redrawn from results.json, not committed: an image the site lacks is left out
         return ""
+    if not (ROOT / repo).exists():
+        return match.group(0)  # a link to nothing: strict mode reports it
     shown = f"`{repo}`"
     return shown if text.strip("`") in (repo, path, posixpath.basename(repo)) else f"{text} ({shown})"
 
