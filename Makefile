@@ -7,7 +7,7 @@ STAMP := $(VENV)/.installed-stamp
 DATA := data/default
 RUN := runs/demo
 
-.PHONY: demo test data data-packages clean
+.PHONY: demo test data data-packages clean docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -30,6 +30,10 @@ demo: data
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+
+docs: $(STAMP)
+	$(BIN)/python -m pip install -q -e '.[docs]'
+	NO_MKDOCS_2_WARNING=1 $(BIN)/python -m mkdocs build --strict -d build/site
 
 clean:
 	rm -rf $(RUN) lightning_logs .pytest_cache

@@ -295,12 +295,12 @@ README_METHODS = {
 
 @pytest.mark.parametrize("method", README_METHODS)
 def test_readme_own_model_example_runs_with_every_online_method(method) -> None:
-    """The README's own-model block, executed as written with each online method as the callback."""
+    """The own-model page's block (docs/own-model-and-data.md), executed as written with each online method as the callback."""
     from pathlib import Path
 
     import selection_callbacks
 
-    readme = (Path(__file__).resolve().parents[1] / "README.md").read_text()
+    readme = (Path(__file__).resolve().parents[1] / "docs" / "own-model-and-data.md").read_text()
     block = readme.split("<!-- own-model:start -->")[1].split("<!-- own-model:end -->")[0]
     code = block.split("```python")[1].split("```")[0]
     line = "callback = HighLossSelection(ratio=0.5)"

@@ -1,0 +1,178 @@
+"""The README's "choosing a method" table, computed from the committed benchmark results.
+
+    python docs/method_table.py            # rewrite the table between the markers in README.md
+    python docs/method_table.py --check    # exit 1 when README.md's table is not this output
+
+Every row is one method on the default corpus under tuned AdamW (cpu-tiny, 2,048,000 update tokens,
+ratio 0.5, 3 paired seeds). Per row, from the comparison's ``results.json``:
+
+- Δ: the method's final val bpb minus tuned random's, per seed, averaged; the 95% interval is the paired
+  t interval mean ± t₀.₉₇₅,ₙ₋₁ · sd/√n over the seeds;
+- its oracle's Δ, from the same comparison: the online oracle (target domains first in each superbatch)
+  for online methods, the offline one (target domains first in the whole pool) for offline selectors;
+- share: Δ / oracle's Δ;
+- step ×: the in-run step-time ratio against random from ``bench.steptime``'s interleaved runs
+  (``steptime.json``); an offline selector's training step is random's (1.00), the oracle reads labels;
+- wall ×: wall-clock to reach random's final bpb over random's, one-off costs charged:
+  step × · (update tokens to random's final bpb / random's tokens) + one-offs / random's run, where the
+  one-offs are a reference pretrained when training starts (the timing's fixed seconds above random's)
+  or an offline selection (its ``selection_seconds`` over random's wall-clock in the comparison).
+
+The module reads only ``results.json`` and ``steptime.json`` files under ``bench/results``.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import sys
+from pathlib import Path
+from typing import NamedTuple
+
+import numpy as np
+from scipy import stats
+
+ROOT = Path(__file__).resolve().parent.parent
+RESULTS = ROOT / "bench" / "results"
+START, END = "<!-- method-table:start -->", "<!-- method-table:end -->"
+STEPTIMES = ("steptime/cpu-tiny-adamw-inrun", "steptime/cpu-tiny-adamw-loss-inrun")
+"""Interleaved step-time runs under tuned AdamW on one host, searched in this order for a method."""
+
+
+class Row(NamedTuple):
+    """One table row: where its runs are and what the method needs."""
+
+    label: str
+    comparison: str  # folder under bench/results holding results.json
+    method: str  # the method's name in results.json
+    offline: bool
+    needs: str
+
+
+ROWS = (
+    Row("[RHO-LOSS](selection_callbacks/methods/rho/README.md), 16-token windows", "default-adamw",
+        "rho@score_len=16", False, "per-sample loss, target split"),
+    Row("[RHO-LOSS](selection_callbacks/methods/rho/README.md)", "default-adamw", "rho", False,
+        "per-sample loss, target split"),
+    Row("[ClassAct](selection_callbacks/methods/classact/README.md)", "default-adamw", "classact", False,
+        "per-sample loss, target split"),
+    Row("[GREATS](selection_callbacks/methods/greats/README.md)", "default-adamw", "greats", False,
+        "per-sample loss, target rows, SGD/AdamW/Muon"),
+    Row("[OPUS](selection_callbacks/methods/opus/README.md)", "default-adamw-rescaled", "opus", False,
+        "per-sample loss, target rows, SGD/AdamW/Muon"),
+    Row("[high-loss](selection_callbacks/methods/high_loss/README.md)", "default-adamw", "high_loss", False,
+        "per-sample loss"),
+    Row("[oracle](selection_callbacks/methods/oracle/README.md) (online)", "default-adamw", "oracle", False,
+        "domain labels"),
+    Row("DATAMASK (offline)", "default-adamw", "datamask", True, "pool + target, a proxy pass"),
+    Row("learned policy (offline)", "default-adamw", "policy", True, "pool + target, a proxy pass"),
+    Row("AutoData recipe (offline)", "default-adamw", "autodata", True, "pool + target, a proxy pass"),
+    Row("DSIR (offline)", "default-adamw", "dsir", True, "pool + target"),
+    Row("warmup delta (offline)", "default-adamw", "warmup_delta", True, "pool, a proxy pass"),
+    Row("oracle (offline)", "default-adamw", "oracle_offline", True, "domain labels"),
+)
+ORACLE = {False: "oracle", True: "oracle_offline"}
+
+
+def paired_interval(diffs: list[float]) -> tuple[float, float]:
+    """Mean of per-seed differences and the half-width of its 95% paired t interval (nan below 2 seeds)."""
+    d = np.asarray(diffs, dtype=float)
+    if d.size < 2:
+        return float(d.mean()), float("nan")
+    return float(d.mean()), float(stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
+
+
+def tokens_to(curve: list[list[float]], target: float) -> float | None:
+    """Update tokens at which the curve (rows: tokens, wall seconds, val bpb) first reaches ``target``, interpolated."""
+    prev = None
+    for point in curve:
+        if point[2] <= target:
+            if prev is None or prev[2] == point[2]:
+                return float(point[0])
+            return float(prev[0] + (prev[2] - target) / (prev[2] - point[2]) * (point[0] - prev[0]))
+        prev = point
+    return None
+
+
+def load(relative: str) -> dict:
+    return json.loads((RESULTS / relative).read_text())
+
+
+def deltas(results: dict, method: str) -> list[float]:
+    """Per-seed final val bpb of ``method`` minus random's, over the seeds both ran."""
+    base = {r["seed"]: r["final_val_bpb"] for r in results["methods"]["random"]["runs"]}
+    return [r["final_val_bpb"] - base[r["seed"]] for r in results["methods"][method]["runs"] if r["seed"] in base]
+
+
+def step_timing(method: str, timings: list[dict]) -> tuple[float, float]:
+    """(in-run step ratio, in-run one-off seconds above random's) of the first timing that holds ``method``."""
+    for timing in timings:
+        timed = timing["methods"].get(method)
+        if timed is not None:
+            fixed = timed.get("fixed_seconds_median", 0.0) - timing["methods"]["random"].get("fixed_seconds_median", 0.0)
+            random_run = timing["methods"]["random"]["step_ms_median"] / 1000 * 2_048_000 / timing["config"]["tokens_per_step"]
+            return float(timed["in_run_ratio_median"]), max(fixed, 0.0) / random_run
+    raise KeyError(f"no step timing of {method!r} in {STEPTIMES}")
+
+
+def wall_to_random(results: dict, method: str, step: float, one_off: float, offline: bool) -> str:
+    """Mean wall-clock to random's final bpb over random's, one-offs charged; 'not reached' when a seed never gets there."""
+    base = {r["seed"]: r for r in results["methods"]["random"]["runs"]}
+    ratios = []
+    for run in results["methods"][method]["runs"]:
+        random_run = base[run["seed"]]
+        tokens = tokens_to(run["curve"], random_run["final_val_bpb"])
+        if tokens is None:
+            return "not reached"
+        selection = run["selection_seconds"] / random_run["wall_seconds"] if offline else one_off
+        ratios.append(step * tokens / random_run["curve"][-1][0] + selection)
+    return f"{np.mean(ratios):.2f}"
+
+
+def cells(row: Row, timings: list[dict]) -> list[str]:
+    results = load(f"{row.comparison}/results.json")
+    mean, half = paired_interval(deltas(results, row.method))
+    oracle, _ = paired_interval(deltas(results, ORACLE[row.offline]))
+    if row.offline or row.method == "oracle":
+        step, one_off = 1.0, 0.0
+    else:
+        step, one_off = step_timing(row.method, timings)
+    link = f"[{mean:+.3f}](bench/results/{row.comparison}/README.md)"
+    return [row.label, f"{link} ± {half:.3f}", f"{oracle:+.3f}", f"{mean / oracle:.0%}", f"{step:.2f}",
+            wall_to_random(results, row.method, step, one_off, row.offline), row.needs]
+
+
+def render() -> str:
+    """The markdown table, rows in ``ROWS`` order."""
+    timings = [load(f"{path}/steptime.json") for path in STEPTIMES]
+    lines = [
+        "| method | Δ val bpb, 95% CI | its oracle's Δ | share of oracle's gain | step × | "
+        "wall-clock to random's bpb × | needs |",
+        "|---|---:|---:|---:|---:|---:|---|",
+    ]
+    lines += ["| " + " | ".join(cells(row, timings)) + " |" for row in ROWS]
+    return "\n".join(lines) + "\n"
+
+
+def replaced(text: str, table: str) -> str:
+    """``text`` with everything between the markers replaced by ``table``."""
+    head, rest = text.split(START, 1)
+    _, tail = rest.split(END, 1)
+    return f"{head}{START}\n{table}{END}{tail}"
+
+
+def main(argv: list[str]) -> int:
+    readme = ROOT / "README.md"
+    text = readme.read_text()
+    new = replaced(text, render())
+    if "--check" in argv:
+        if new != text:
+            print("README.md's method table is stale: run python docs/method_table.py", file=sys.stderr)
+            return 1
+        return 0
+    readme.write_text(new)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main(sys.argv[1:]))
