@@ -1,17 +1,17 @@
 """Tune the random baseline: sweep learning rates and the final decay per scale and optimizer, paired seeds.
 
-    python -m bench.tune --scale cpu-tiny --optimizer adamw --pool P --target T --val V --tokens 2048000 \
+    python -m bench.harness.tune --scale cpu-tiny --optimizer adamw --pool P --target T --val V --tokens 2048000 \
         --seeds 2 --grid model.lr=0.001,0.002,0.003,0.006 --then model.min_lr_ratio=0.1,0.0 \
         --threads 1 --jobs 2 --out bench/results/tune
 
-Each point of the sweep is ``bench.compare`` of ``random`` alone at the benchmark's token budget,
+Each point of the sweep is ``bench.harness.compare`` of ``random`` alone at the benchmark's token budget,
 with the point's values as train.py flags (``--model.lr 0.002``) over the scale's own defaults (never
 an earlier sweep's ``configs/tuned`` file), on the same seeds (same initialisation, same candidate
 stream), so points differ only in their settings. ``--grid`` axes
 are crossed; each ``--then`` axis is then swept alone from the best point so far. The best point
 has the lowest mean final val bpb over the seeds. Writes ``<out>/<scale>-<optimizer>.md`` and
 ``.json`` (every point, per-seed values) and ``configs/tuned/<scale>-<optimizer>.yaml`` (the best
-point's values), which ``bench.compare`` adds to every run of that scale and optimizer. Finished
+point's values), which ``bench.harness.compare`` adds to every run of that scale and optimizer. Finished
 runs are reused on re-run.
 """
 
@@ -28,7 +28,7 @@ import numpy as np
 import yaml
 from jsonargparse import ArgumentParser
 
-from bench.compare import ROOT, build_parser as compare_parser, compare, scale_config, tuned_config
+from bench.harness.compare import ROOT, build_parser as compare_parser, compare, scale_config, tuned_config
 
 Point = tuple[tuple[str, str], ...]
 
@@ -47,7 +47,7 @@ def point_name(point: Point) -> str:
 
 
 def run_point(a: Any, point: Point) -> dict[str, Any]:
-    """``bench.compare`` of random at this point; its per-seed final bpb."""
+    """``bench.harness.compare`` of random at this point; its per-seed final bpb."""
     out = Path(a.out) / f"{Path(a.scale).stem}-{a.optimizer}" / point_name(point)
     argv = ["--pool", a.pool, "--target", a.target, "--val", a.val, "--methods", "random", "--tokens", str(a.tokens),
             "--seeds", a.seeds, "--scale", a.scale, "--optimizer", a.optimizer, "--evals", str(a.evals),
@@ -88,12 +88,12 @@ def write_tuned(path: Path, best: dict, report: Path) -> None:
             node = node.setdefault(part, {})
         node[leaf] = yaml.safe_load(value)
     path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(f"# tuned by bench.tune: {report.relative_to(ROOT) if report.is_relative_to(ROOT) else report}\n"
+    path.write_text(f"# tuned by bench.harness.tune: {report.relative_to(ROOT) if report.is_relative_to(ROOT) else report}\n"
                     + yaml.safe_dump(nested, sort_keys=True))
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
-    p = ArgumentParser(prog="python -m bench.tune", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m bench.harness.tune", description=__doc__.split("\n\n")[0])
     for flag in ("--pool", "--target", "--val"):
         p.add_argument(flag, required=True)
     p.add_argument("--scale", default="cpu-tiny")

@@ -1,10 +1,10 @@
 """Methods against random at equal wall-clock, with step times from a quiet interleaved run.
 
-    python -m bench.equal_wall bench/results/cpu-tiny-b64-muon/results.json \
+    python -m bench.harness.equal_wall bench/results/cpu-tiny-b64-muon/results.json \
         bench/results/steptime/cpu-tiny-b64-muon/steptime.json --out bench/results/cpu-tiny-b64-muon/equal_wall.md
 
 A comparison's own wall-clock is only as fair as the machine was quiet while each run trained
-(runs made at different times, or side by side, see different load). ``bench.steptime`` measures
+(runs made at different times, or side by side, see different load). ``bench.harness.steptime`` measures
 each method's step time against random's in one interleaved run instead. With that ratio r (the
 median over repeats of the in-run ratio, which splits each run's own steps into selection and the
 rest so that the host's drift between runs cancels; the run-against-run ratio for timings without
@@ -18,7 +18,7 @@ on tokens(W)/r update tokens. Per paired seed this reports:
 The crossing is reported twice: with one-off costs amortised (left out, as if shared by many runs)
 and charged to the run, as a fraction f of random's run added to it. f is the sum of
 - the in-run start-up, e.g. a reference pretrained when training starts: the method's fitted
-  intercept in ``bench.steptime`` minus random's, in random steps, over random's steps;
+  intercept in ``bench.harness.steptime`` minus random's, in random steps, over random's steps;
 - a prepare stage run before training (``one_off_seconds`` in the comparison, e.g. ``rho_lookup``'s
   reference and loss table): its seconds over random's wall-clock for the same seed in the
   comparison. Both were measured under the comparison's load, not the quiet step-time run's.
@@ -33,7 +33,7 @@ from typing import Any
 import numpy as np
 from jsonargparse import ArgumentParser
 
-from bench.report import crossing, fmt_relative, fmt_value, paired_test
+from bench.harness.report import crossing, fmt_relative, fmt_value, paired_test
 
 
 def value_at(curve: list[list[float]], tokens: float) -> float:
@@ -92,7 +92,7 @@ def markdown(summary: dict[str, dict[str, Any]], results_path: Path, steptime_pa
         "# Equal wall-clock against random",
         "",
         f"Curves from `{results_path}`, step-time ratios from `{steptime_path}` (in-run where it has them; "
-        "`python -m bench.equal_wall`). "
+        "`python -m bench.harness.equal_wall`). "
         "Δ: val bpb at random's full wall-clock minus random's final bpb, paired by seed (negative is better).",
         "",
         "| method | step time × | seeds | val bpb at random's wall-clock | Δ vs random | p | better in | wall-clock to random's final bpb, one-offs amortised | one-offs charged |",
@@ -108,10 +108,10 @@ def markdown(summary: dict[str, dict[str, Any]], results_path: Path, steptime_pa
 
 
 def build_parser() -> ArgumentParser:
-    """The ``bench.equal_wall`` arguments."""
-    p = ArgumentParser(prog="python -m bench.equal_wall", description=__doc__.split("\n\n")[0])
-    p.add_argument("results", type=Path, help="a bench.compare results.json")
-    p.add_argument("steptime", type=Path, help="a bench.steptime steptime.json of the same scale and optimizer")
+    """The ``bench.harness.equal_wall`` arguments."""
+    p = ArgumentParser(prog="python -m bench.harness.equal_wall", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path, help="a bench.harness.compare results.json")
+    p.add_argument("steptime", type=Path, help="a bench.harness.steptime steptime.json of the same scale and optimizer")
     p.add_argument("--out", type=Path, help="write the table here (default: print it)")
     return p
 

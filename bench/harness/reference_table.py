@@ -1,11 +1,11 @@
-"""RHO-LOSS with its reference losses precomputed once per pool and seed (``rho_lookup`` in bench.compare).
+"""RHO-LOSS with its reference losses precomputed once per pool and seed (``rho_lookup`` in bench.harness.compare).
 
 The reference ``rho`` pretrains at the start of each run is built here instead, from the same
 method config, seed and target batches (:func:`~selection_callbacks.offline.reference_losses.pretrained_reference`),
 its loss on every pool sequence is written to a table, and the run looks the losses up by
 ``sample_id`` (``reference_losses``): the same selections without the reference's forward on each
 step. The pretraining and the pool pass are a one-off cost, shared by every run on the pool with
-that seed; bench.compare charges it to the run's wall-clock like an offline selector's seconds and
+that seed; bench.harness.compare charges it to the run's wall-clock like an offline selector's seconds and
 reports it apart (``one_off_seconds``).
 """
 

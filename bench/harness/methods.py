@@ -14,10 +14,10 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from bench.reference_table import rho_reference_table
-from selection_callbacks.offline.select import bench_select, selector_settings
+from bench.harness.reference_table import rho_reference_table
+from bench.harness.offline import bench_select, selector_settings
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 OfflineSelector = Callable[..., Path]
 """``(pool, target, budget_tokens, seed, out_dir[, overrides]) -> subset file``."""
@@ -67,7 +67,7 @@ REGISTRY: dict[str, Method] = {
     "greats": Method("greats", config="configs/method/greats.yaml", family="gradient"),
     # the rho and classact references are pretrained on the target split at the start of each run
     "rho": Method("rho", config="configs/method/rho.yaml", family="loss"),
-    # the same reference built once per seed before the run and its pool losses looked up (bench/reference_table.py)
+    # the same reference built once per seed before the run and its pool losses looked up (bench/harness/reference_table.py)
     "rho_lookup": Method("rho_lookup", config="configs/method/rho.yaml", prepare=rho_reference_table, family="loss"),
     "classact": Method("classact", config="configs/method/classact.yaml", family="loss"),
     "classact_report": Method("classact_report", config="configs/method/classact_report.yaml", family="loss"),

@@ -1,6 +1,6 @@
 """Regenerate the README's headline figures from a committed results.json.
 
-    python -m bench.headline bench/results/cpu-tiny/results.json --block cpu-tiny --readme README.md
+    python -m bench.harness.headline bench/results/cpu-tiny/results.json --block cpu-tiny --readme README.md
 
 Rewrites the block between ``<!-- headline:NAME:start -->`` and ``<!-- headline:NAME:end -->``.
 """
@@ -13,9 +13,9 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from bench.report import fmt_relative, fmt_value, load_summary, summarize, tuning_line
+from bench.harness.report import fmt_relative, fmt_value, load_summary, summarize, tuning_line
 
-ROOT_README = Path(__file__).resolve().parents[1] / "README.md"
+ROOT_README = Path(__file__).resolve().parents[2] / "README.md"
 
 
 def markers(block: str) -> tuple[str, str]:
@@ -57,9 +57,9 @@ def rewrite(readme: Path, name: str, block: str) -> str:
 
 
 def build_parser() -> ArgumentParser:
-    """The ``bench.headline`` arguments."""
-    p = ArgumentParser(prog="python -m bench.headline", description=__doc__.split("\n\n")[0])
-    p.add_argument("results", type=Path, help="the bench.compare results.json the figures come from")
+    """The ``bench.harness.headline`` arguments."""
+    p = ArgumentParser(prog="python -m bench.harness.headline", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path, help="the bench.harness.compare results.json the figures come from")
     p.add_argument("--block", required=True, help="the README block to rewrite")
     p.add_argument("--readme", type=Path, default=Path("README.md"), help="the README rewritten in place")
     return p

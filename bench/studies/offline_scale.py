@@ -1,6 +1,6 @@
 """The sharded offline path at scale: DSIR and the bank's cheap features over a resampled pool on Ray Data.
 
-    python -m bench.offline_scale --docs 2000000 --workers 2 --shards 64 --out bench/results/offline-scale
+    python -m bench.studies.offline_scale --docs 2000000 --workers 2 --shards 64 --out bench/results/offline-scale
 
 One command: the pool is *resampled* from the default corpus (built under ``<out>/source`` when
 ``--source`` is not given) by :func:`resample_pool`, random whole-word spans of random documents

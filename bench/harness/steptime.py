@@ -1,6 +1,6 @@
 """Per-step training time of methods relative to random, measured in one interleaved run.
 
-    python -m bench.steptime --pool P --target T --val V --methods random,opus,opus@sketch_dim=128 \
+    python -m bench.harness.steptime --pool P --target T --val V --methods random,opus,opus@sketch_dim=128 \
         --steps 120 --repeats 3 --optimizer muon --threads 1 --out bench/results/steptime/cpu-tiny-muon
 
 Each (repeat, method) is a short ``train.py`` run (the comparison's command); repeats rotate the
@@ -13,7 +13,7 @@ does not: from each run's own selection seconds over the same validation points 
 a step splits into its training part and its selection part at the same moments, and the ratio is
 step / (step − selection + random's selection), random's training step standing in for the same work
 (cache effects of the scoring on the training part are counted as training, so it can read slightly low).
-Beside each measured ratio stands the method's modelled one (:mod:`bench.cost_model`: the extra
+Beside each measured ratio stands the method's modelled one (:mod:`bench.harness.cost_model`: the extra
 forward and backward tokens its selector counted, weighed by each model's FLOPs per token, over
 the training step's own) and the gap between the two: what the passes do not explain (maps,
 sketches, host syncs, launches, Python). Writes ``steptime.json`` and ``steptime.md`` into ``--out``; the
@@ -33,9 +33,9 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 
-from bench.compare import Plan, build_parser as compare_parser, prepare_online, resolve_variants
-from bench.cost_model import modelled_cost
-from bench.methods import ROOT
+from bench.harness.compare import Plan, build_parser as compare_parser, prepare_online, resolve_variants
+from bench.harness.cost_model import modelled_cost
+from bench.harness.methods import ROOT
 from selection_callbacks.core.machine_load import ALONE_BELOW
 
 
@@ -88,8 +88,8 @@ def machine_line(rows: dict[str, list[dict[str, Any]]]) -> str:
 
 
 def build_parser() -> ArgumentParser:
-    """The ``bench.steptime`` flags."""
-    p = ArgumentParser(prog="python -m bench.steptime", description=__doc__.split("\n\n")[0])
+    """The ``bench.harness.steptime`` flags."""
+    p = ArgumentParser(prog="python -m bench.harness.steptime", description=__doc__.split("\n\n")[0])
     p.add_argument("--pool", required=True, help="the training pool, passed to every run as --data.pool")
     p.add_argument("--target", required=True, help="the target split (what selectors may read)")
     p.add_argument("--val", required=True, help="the validation split (the runs' evaluation points)")
@@ -162,7 +162,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     (out / "steptime.json").write_text(json.dumps(result, indent=1))
     lines = [f"# Step time vs random ({a.scale}, {a.optimizer}, ratio {a.ratio}, {a.threads} thread(s), "
              f"{a.steps} steps × {a.repeats} interleaved repeats)", "",
-             f"`{' '.join(['python -m bench.steptime', *(argv if argv is not None else sys.argv[1:])])}`", "",
+             f"`{' '.join(['python -m bench.harness.steptime', *(argv if argv is not None else sys.argv[1:])])}`", "",
              "| method | ms / step | × random (median of per-repeat ratios) | per-repeat | in-run × (per repeat) | modelled × | "
              "measured − modelled | in-run − modelled | modelled parts | one-off (plain steps) | fixed s | selection share |",
              "|---|---:|---:|---|---|---:|---:|---:|---|---:|---:|---:|"]

@@ -1,6 +1,6 @@
 """The feature bank's proxy budget: how its columns and warmup delta's subset move with the tokens it trains on.
 
-    python -m bench.feature_bank --pool data/default/pool.jsonl --target data/default/target.jsonl \
+    python -m bench.studies.feature_bank --pool data/default/pool.jsonl --target data/default/target.jsonl \
         --budgets 500000,1000000,2000000,4000000 --out bench/results/feature-bank/budgets.json
 
 For each budget (and a full pass, the reference) the bank is computed uncached with the library
@@ -19,7 +19,7 @@ from pathlib import Path
 import numpy as np
 from jsonargparse import ArgumentParser
 
-from bench.report import write_json
+from bench.harness.report import write_json
 from selection_callbacks.offline.corpus import Budget, load_corpus
 from selection_callbacks.offline.features import FeatureConfig, compute_features
 from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, delta_order
@@ -35,7 +35,7 @@ def spearman(a: np.ndarray, b: np.ndarray) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = ArgumentParser(prog="python -m bench.feature_bank", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m bench.studies.feature_bank", description=__doc__.split("\n\n")[0])
     p.add_argument("--pool", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--budgets", default="500000,1000000,2000000,4000000", help="comma-separated proxy_tokens")

@@ -1,6 +1,6 @@
 """Does RHO-LOSS's ranking survive scoring a window instead of the whole sequence?
 
-    python -m bench.window_learnability --pool data/default/pool.jsonl --target data/default/target.jsonl \
+    python -m bench.studies.window_learnability --pool data/default/pool.jsonl --target data/default/target.jsonl \
         --val data/default/val.jsonl --out bench/results/steptime/window-learnability
 
 A learner (cpu-tiny's GPT trained on uniformly drawn pool sequences, AdamW at lr 3e-3 with the
@@ -54,7 +54,7 @@ def top_overlap(a: torch.Tensor, b: torch.Tensor, k: int = K) -> float:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = ArgumentParser(prog="python -m bench.window_learnability", description=__doc__.split("\n\n")[0])
+    p = ArgumentParser(prog="python -m bench.studies.window_learnability", description=__doc__.split("\n\n")[0])
     p.add_argument("--pool", required=True)
     p.add_argument("--target", required=True)
     p.add_argument("--val", required=True, help="only to build the datamodule; never read")
@@ -117,7 +117,7 @@ def measure(a: Namespace, argv: list[str] | None) -> dict:
             print(f"[window_learnability] step {step} L={w}: Spearman {rows[-1]['median_spearman']:.3f}, "
                   f"top-{K} overlap {rows[-1]['mean_top_k_overlap']:.2f}", flush=True)
     lines = [f"# RHO-LOSS learnability on windows against whole {T}-token sequences", "",
-             f"`python -m bench.window_learnability {' '.join(sys.argv[1:] if argv is None else argv)}`", "",
+             f"`python -m bench.studies.window_learnability {' '.join(sys.argv[1:] if argv is None else argv)}`", "",
              f"{a.superbatches} superbatches of N = {N}, seed {a.seed}; median Spearman and mean top-{K} overlap "
              "(0.5 at random) within superbatches.", "",
              "| learner step | window L | forward cost (L/T) | Spearman vs full | top-K overlap |", "|---:|---:|---:|---:|---:|"]

@@ -1,6 +1,6 @@
 """What a method prefers *within* a domain: kept against rejected candidates of the same domain, from run ledgers.
 
-    python -m bench.within_domain bench/results/default-adamw --methods random,opus,rho --out bench/results/FILE
+    python -m bench.studies.within_domain bench/results/default-adamw --methods random,opus,rho --out bench/results/FILE
 
 For every run folder ``<results>/runs/<hash>/<method>/seed<s>`` with a ledger (``train.py`` writes
 one by default), each candidate's window is read back from the packed pool (the ledger's
@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 from jsonargparse import ArgumentParser
 
-from bench.compare import finished
+from bench.harness.compare import finished
 
 from selection_callbacks.core.ledger_store import read_ledger, read_meta
 from selection_callbacks.data.packing import PackedSplit, pack_source
@@ -117,8 +117,8 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> dict:
-    p = ArgumentParser(prog="python -m bench.within_domain", description=__doc__.split("\n\n")[0])
-    p.add_argument("results", type=Path, help="a bench.compare --out folder (its runs/<hash>/<method>/seed<s>)")
+    p = ArgumentParser(prog="python -m bench.studies.within_domain", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path, help="a bench.harness.compare --out folder (its runs/<hash>/<method>/seed<s>)")
     p.add_argument("--methods", required=True, help="comma-separated method names (variants with @ included)")
     p.add_argument("--config-hash", default=None, help="the runs/<hash> folder (default: the only one)")
     p.add_argument("--out", required=True, help="path prefix of the .json and .md")

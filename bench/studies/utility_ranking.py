@@ -1,9 +1,9 @@
 """OPUS utilities against the step torch really takes, over training stages, AdamW's β₂ and Muon.
 
-    python -m bench.utility_ranking --out bench/results/ghost/utility-ranking
+    python -m bench.studies.utility_ranking --out bench/results/ghost/utility-ranking
 
 A tiny GPT (1 block, width 32, 16-token rows, byte vocabulary) trains on the test suite's deterministic
-prose-and-noise documents (``bench.toy_corpus.make_docs``, so the states are those of
+prose-and-noise documents (``tests/support/toy_corpus.py``, so the states are those of
 tests/test_opus_maps.py) under a real torch optimizer: AdamW with β = (0.9, β₂) per ``--beta2s``, and
 Muon on the hidden matrices with AdamW (β₂ = 0.95) on the rest. At each of ``--steps`` and for every
 seed of ``--seeds``, a base batch of K = 16 rows, N = 32 candidates and 8 proxy rows from the target
@@ -59,7 +59,7 @@ from jsonargparse import ArgumentParser
 from scipy.stats import spearmanr
 from torch.func import functional_call, grad, vmap
 
-from bench.report import write_json
+from bench.harness.report import write_json
 from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.methods import OPUSSelection
 from selection_callbacks.nn.gpt import GPT, GPTConfig
@@ -67,7 +67,7 @@ from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.preconditioners import NewtonSchulz, OptimizerPreconditioner
-from bench.toy_corpus import make_docs
+from tests.support.toy_corpus import make_docs
 
 T = 16
 CFG = GPTConfig(vocab_size=320, block_size=T, n_layer=1, n_head=2, n_embd=32)
@@ -345,8 +345,8 @@ def markdown(result: dict) -> str:
 
 
 def build_parser() -> ArgumentParser:
-    """The ``bench.utility_ranking`` flags."""
-    p = ArgumentParser(prog="python -m bench.utility_ranking", description=__doc__.split("\n\n")[0])
+    """The ``bench.studies.utility_ranking`` flags."""
+    p = ArgumentParser(prog="python -m bench.studies.utility_ranking", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, help="output prefix: writes <out>.json and <out>.md (default: only print the table)")
     p.add_argument("--steps", default="5,50,300", help="comma-separated training steps to probe")
     p.add_argument("--seeds", default="0,1,2", help="comma-separated seeds (model, data and probe rows)")

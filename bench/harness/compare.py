@@ -1,6 +1,6 @@
 """Every method side by side on one pool, model, optimizer, schedule and update-token budget.
 
-    python -m bench.compare --pool P --target T --val V --methods random,high_loss,oracle \
+    python -m bench.harness.compare --pool P --target T --val V --methods random,high_loss,oracle \
         --tokens 2000000 --seeds 3 --ratio 0.5 --scale cpu-tiny --out bench/results/cpu-tiny
 
 Paired design: seed s gives every method the same initialisation (``seed_everything``) and the
@@ -31,9 +31,9 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser
 
-from bench.cost_model import modelled_cost
-from bench.methods import ROOT, Method, resolve
-from bench.report import write_report
+from bench.harness.cost_model import modelled_cost
+from bench.harness.methods import ROOT, Method, resolve
+from bench.harness.report import write_report
 
 
 def split_variant(name: str) -> tuple[str, list[tuple[str, str]]]:
@@ -78,7 +78,7 @@ def scale_config(scale: str) -> Path:
 
 
 def tuned_config(scale_path: Path, optimizer: str) -> Path:
-    """``configs/tuned/<scale>-<optimizer>.yaml``: the tuned learning rates and decay ``bench.tune`` wrote."""
+    """``configs/tuned/<scale>-<optimizer>.yaml``: the tuned learning rates and decay ``bench.harness.tune`` wrote."""
     return ROOT / "configs" / "tuned" / f"{scale_path.stem}-{optimizer}.yaml"
 
 
@@ -122,7 +122,7 @@ class Plan:
             if not args.allow_untuned:
                 raise SystemExit(
                     f"no tuned baseline for scale {self.scale_path.stem!r} under {args.optimizer}: {self.tuned} is "
-                    f"missing. Sweep it with python -m bench.tune --scale {self.scale_path.stem} --optimizer "
+                    f"missing. Sweep it with python -m bench.harness.tune --scale {self.scale_path.stem} --optimizer "
                     f"{args.optimizer} ..., or pass --allow-untuned (the report then says the baseline is untuned)"
                 )
             self.tuned = None
@@ -274,7 +274,7 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
 
 
 def modelled_step_ratio(metrics: dict[str, Any]) -> float | None:
-    """The run's modelled step ratio (:mod:`bench.cost_model`); None for a run whose summary predates FLOPs per token."""
+    """The run's modelled step ratio (:mod:`bench.harness.cost_model`); None for a run whose summary predates FLOPs per token."""
     try:
         return modelled_cost(metrics)["ratio"]
     except ValueError:
@@ -306,8 +306,8 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
 
 
 def build_parser() -> ArgumentParser:
-    """The ``bench.compare`` flags (``bench.steptime`` builds its train.py runs through them too)."""
-    p = ArgumentParser(prog="python -m bench.compare", description=__doc__.split("\n\n")[0])
+    """The ``bench.harness.compare`` flags (``bench.harness.steptime`` builds its train.py runs through them too)."""
+    p = ArgumentParser(prog="python -m bench.harness.compare", description=__doc__.split("\n\n")[0])
     p.add_argument("--pool", required=True, help="the training pool, passed to every run as --data.pool")
     p.add_argument("--target", required=True, help="what selectors may read")
     p.add_argument("--val", required=True, help="evaluation only")
@@ -323,7 +323,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--allow-untuned", action="store_true",
                    help="run without configs/tuned/<scale>-<optimizer>.yaml (the report says the baseline is untuned)")
     p.add_argument("--no-tuned", action="store_true",
-                   help="leave configs/tuned out even where it exists (bench.tune's sweeps set every value themselves)")
+                   help="leave configs/tuned out even where it exists (bench.harness.tune's sweeps set every value themselves)")
     p.add_argument("--out", required=True, help="folder of the runs, results.json, report.md and the plots")
     p.add_argument("extra", nargs="*", default=[], help="extra train.py flags after --, e.g. -- --model.lr 0.002")
     return p

@@ -1,6 +1,6 @@
 """Ghost engine cost: scoring time and peak memory against a naive per-sample baseline and the floor.
 
-    python -m bench.ghost --out bench/results/ghost.json
+    python -m bench.studies.ghost --out bench/results/ghost.json
 
 For a GPT of ~11M parameters and N = 16, 32, 64 candidates (+ a proxy batch), each variant runs in
 its own subprocess so peak RSS only rises within it:
@@ -47,7 +47,7 @@ import torch
 import torch.nn.functional as F
 from jsonargparse import ArgumentParser
 
-from bench.report import write_json
+from bench.harness.report import write_json
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.scoring.ghost import FACTOR_TOLERANCE, GhostEngine, scored_layers
@@ -259,8 +259,8 @@ def children(args: argparse.Namespace, ns: list[int]) -> list[dict]:
 
 
 def build_parser() -> ArgumentParser:
-    """The ``bench.ghost`` flags (``--child`` and ``--n`` are how it runs its own timing processes)."""
-    p = ArgumentParser(prog="python -m bench.ghost", description=__doc__.split("\n\n")[0])
+    """The ``bench.studies.ghost`` flags (``--child`` and ``--n`` are how it runs its own timing processes)."""
+    p = ArgumentParser(prog="python -m bench.studies.ghost", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", type=Path, required=False, help="result JSON to write (default: only print it)")
     p.add_argument("--ns", default="16,32,64", help="comma-separated candidate counts N")
     p.add_argument("--layers", type=int, default=6, help="GPT blocks")
@@ -288,11 +288,11 @@ def main(argv: list[str] | None = None) -> dict:
         print(json.dumps(children(args, ns) if args.device == "cuda" else child(args)))
         return {}
     table = []
-    root = Path(__file__).resolve().parents[1]
+    root = Path(__file__).resolve().parents[2]
     variants = list(VARIANTS if args.maps else BASE_VARIANTS)
 
     def child_run(variant: str, n: int | None, env: dict | None = None):
-        cmd = [sys.executable, "-m", "bench.ghost", "--child", variant, "--n", str(n or 0), "--ns", args.ns]
+        cmd = [sys.executable, "-m", "bench.studies.ghost", "--child", variant, "--n", str(n or 0), "--ns", args.ns]
         for flag in ("layers", "width", "score_len", "sketch_dim", "chunk", "engine_chunk", "warm_steps", "repeats", "threads", "device", "dtype"):
             cmd += [f"--{flag.replace('_', '-')}", str(getattr(args, flag))]
         done = subprocess.run(cmd, capture_output=True, text=True, check=True, env=env, cwd=root)

@@ -1,7 +1,7 @@
 """Sketch error against the exact preconditioned Gram: over training stages and optimizers, and by block layout.
 
-    python -m bench.sketch_error --out bench/results/ghost/sketch-error-stages.json
-    python -m bench.sketch_error --mode layouts --out bench/results/ghost/sketch-error.json
+    python -m bench.studies.sketch_error --out bench/results/ghost/sketch-error-stages.json
+    python -m bench.studies.sketch_error --mode layouts --out bench/results/ghost/sketch-error.json
 
 ``--mode stages`` (the default): a small GPT (output head scored) trained on a Zipf bigram token stream
 with torch's AdamW (β₂ per ``--beta2s``) or Muon + AdamW, stopped at each of ``--steps``. At each state,
@@ -21,7 +21,7 @@ With e_ij = (⟨S_i, S_j⟩ − K_ij)/√(K_ii K_jj): ``abs_error`` the mean ove
 median scoring time. Per state also the AdamW layers' mean ρ (``relative_factor_error``) and
 Frobenius ``factor_error``.
 
-``--mode layouts``: the tensor-sketch hash by block layout on the bench.ghost GPT (live AdamW map applied
+``--mode layouts``: the tensor-sketch hash by block layout on the bench.studies.ghost GPT (live AdamW map applied
 exactly to materialised P G_i): every layout hashes each layer's P G_i with TensorSketch's own hash into
 the layer's block of n bins (``sketch_blocks``: n ∝ d_out·d_in; ``even``: n = m // layers) or over all m
 bins (``shared``); per m the mean pair error and, once, the largest layer's share of Σ_l ‖P G_i^l‖².
@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from jsonargparse import ArgumentParser
 from torch.func import functional_call, grad, vmap
 
-from bench.ghost import per_sample_weight_grads, setup
-from bench.report import write_json
+from bench.studies.ghost import per_sample_weight_grads, setup
+from bench.harness.report import write_json
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.scoring.ghost import GhostEngine
@@ -209,8 +209,8 @@ def layouts(args) -> dict:
 
 
 def build_parser() -> ArgumentParser:
-    """The ``bench.sketch_error`` flags."""
-    p = ArgumentParser(prog="python -m bench.sketch_error", description=__doc__.split("\n\n")[0])
+    """The ``bench.studies.sketch_error`` flags."""
+    p = ArgumentParser(prog="python -m bench.studies.sketch_error", description=__doc__.split("\n\n")[0])
     p.add_argument("--mode", choices=["stages", "layouts"], default="stages", help="training stages, or block layouts")
     p.add_argument("--out", type=Path, help="result JSON to write (default: only return it); stages also write a .md table beside it")
     p.add_argument("--n", type=int, default=16, help="candidates")

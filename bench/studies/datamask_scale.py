@@ -1,6 +1,6 @@
 """DATAMASK at scale: time, peak memory and the convergence curve on synthetic data.
 
-    python -m bench.datamask_scale --out bench/results/datamask/scale.json
+    python -m bench.studies.datamask_scale --out bench/results/datamask/scale.json
 
 1M synthetic documents with 384-d float32 unit embeddings drawn around Zipf-sized clusters and a
 quality score with a cluster part and a document part; DATAMASK selects S = 100k with G = 128
@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 from jsonargparse import ArgumentParser
 
-from bench.report import write_json
+from bench.harness.report import write_json
 from selection_callbacks.offline.datamask import datamask
 
 
@@ -81,8 +81,8 @@ def mean_pairwise_cosine(emb: np.ndarray, idx: np.ndarray, mean: np.ndarray) -> 
 
 
 def build_parser() -> ArgumentParser:
-    """The ``bench.datamask_scale`` flags."""
-    p = ArgumentParser(prog="python -m bench.datamask_scale", description=__doc__.split("\n\n")[0])
+    """The ``bench.studies.datamask_scale`` flags."""
+    p = ArgumentParser(prog="python -m bench.studies.datamask_scale", description=__doc__.split("\n\n")[0])
     p.add_argument("--out", required=True, help="result JSON to write")
     p.add_argument("--docs", type=int, default=1_000_000, help="synthetic documents n")
     p.add_argument("--dim", type=int, default=384, help="embedding dimension d")

@@ -106,10 +106,10 @@ def tuning_line(cfg: dict[str, Any]) -> str:
     if "tuned" not in cfg:
         return "Baseline tuning: not recorded (a comparison from before tuned baselines)."
     if cfg["tuned"] is None:
-        return "**Untuned baseline**: run with `--allow-untuned`; no `bench.tune` sweep set the learning rates."
+        return "**Untuned baseline**: run with `--allow-untuned`; no `bench.harness.tune` sweep set the learning rates."
     pairs = [line.strip() for line in cfg["tuned"].splitlines() if not line.lstrip().startswith("#")]
     values = ", ".join(pair for pair in pairs if pair.partition(":")[2].strip())
-    return f"Baseline tuned by `bench.tune` (`configs/tuned`): {values}."
+    return f"Baseline tuned by `bench.harness.tune` (`configs/tuned`): {values}."
 
 
 def load_summary(results: dict[str, Any]) -> str:
@@ -205,7 +205,7 @@ def diagnostics_lines(results: dict[str, Any]) -> list[str]:
         return []
     return ["Score diagnostics per seed (means over the run's diagnostic selections): the split-half Spearman of "
             "the utilities (near 0: the scores rank candidates at random), the sketch's pair error, and the modelled "
-            "step cost over a plain step (`bench/cost_model.py`).", "",
+            "step cost over a plain step (`bench/harness/cost_model.py`).", "",
             "| method | checks per run | split-half Spearman | sketch error | modelled step × |", "|---|---:|---|---|---|",
             *rows, ""]
 
@@ -313,3 +313,34 @@ def write_report(results: dict[str, Any], out: Path) -> dict[str, dict[str, Any]
     (out / "report.md").write_text(report_markdown(results, summary))
     plot(results, out)
     return summary
+
+
+def build_parser():
+    """The ``bench.harness.report`` flags."""
+    from jsonargparse import ArgumentParser
+
+    p = ArgumentParser(prog="python -m bench.harness.report",
+                       description="Draw a comparison's plots (curves per method family, domains over time) from its results.json alone")
+    p.add_argument("--results", type=Path, required=True, help="a bench.harness.compare results.json")
+    p.add_argument("--out", type=Path, default=None, help="folder for the plots (default: the results.json's folder)")
+    p.add_argument("--markdown", type=bool, default=False, help="also rewrite report.md there")
+    return p
+
+
+def main(argv: list[str] | None = None) -> list[Path]:
+    """``python -m bench.harness.report --results R --out DIR``: the plots (and with ``--markdown`` report.md); returns the files."""
+    args = build_parser().parse_args(argv)
+    results = json.loads(Path(args.results).read_text())
+    out = Path(args.out) if args.out else Path(args.results).parent
+    out.mkdir(parents=True, exist_ok=True)
+    if args.markdown:
+        write_report(results, out)
+    else:
+        plot(results, out)
+    written = sorted(p for p in out.iterdir() if p.suffix == ".png" or (args.markdown and p.name == "report.md"))
+    print("\n".join(str(p) for p in written))
+    return written
+
+
+if __name__ == "__main__":
+    main()

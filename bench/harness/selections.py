@@ -1,6 +1,6 @@
 """Selections fingerprint: each online method's default config trained for a few steps, its final val bpb.
 
-    python -m bench.selections --pool P --target T --val V --out bench/results/selections.json
+    python -m bench.harness.selections --pool P --target T --val V --out bench/results/selections.json
 
 Every method trains the same seed on the same superbatch stream at one thread, so the val bpb after
 ``--steps`` steps is a deterministic function of the selections the method made: a refactor that
@@ -18,7 +18,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 # name → (method config, optimizer, extra selection arguments)
 FINGERPRINTED: dict[str, tuple[str, str, list[str]]] = {

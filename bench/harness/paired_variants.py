@@ -1,6 +1,6 @@
-"""Methods against one of their variants, paired by seed, from a ``bench.compare`` results.json.
+"""Methods against one of their variants, paired by seed, from a ``bench.harness.compare`` results.json.
 
-    python -m bench.paired_variants bench/results/feature-bank/results.json --variant @bank.proxy_tokens=null \
+    python -m bench.harness.paired_variants bench/results/feature-bank/results.json --variant @bank.proxy_tokens=null \
         --base @bank.proxy_tokens=4000000
 
 For every method ``m`` with both ``m<base>`` (``--base``, default: ``m`` itself) and ``m<variant>`` in
@@ -18,7 +18,7 @@ from pathlib import Path
 import numpy as np
 from jsonargparse import ArgumentParser
 
-from bench.report import fmt_value, paired_test
+from bench.harness.report import fmt_value, paired_test
 
 
 def paired_rows(results: dict, variant: str, base: str = "") -> list[dict]:
@@ -53,8 +53,8 @@ def markdown(rows: list[dict], variant: str, base: str = "") -> str:
 
 
 def main(argv: list[str] | None = None) -> list[dict]:
-    p = ArgumentParser(prog="python -m bench.paired_variants", description=__doc__.split("\n\n")[0])
-    p.add_argument("results", type=Path, help="a bench.compare results.json")
+    p = ArgumentParser(prog="python -m bench.harness.paired_variants", description=__doc__.split("\n\n")[0])
+    p.add_argument("results", type=Path, help="a bench.harness.compare results.json")
     p.add_argument("--variant", required=True, help="the variant suffix, e.g. @bank.proxy_tokens=null")
     p.add_argument("--base", default="", help="the compared arm's suffix (default: the plain method)")
     a = p.parse_args(argv)
