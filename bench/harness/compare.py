@@ -1,12 +1,14 @@
 """Every method side by side on one pool, model, optimizer, schedule and update-token budget.
 
     python -m bench.harness.compare --pool P --target T --val V --methods random,high_loss,oracle \
-        --tokens 2000000 --seeds 3 --ratio 0.5 --scale cpu-tiny --out bench/results/cpu-tiny
+        --tokens 2000000 --seeds 3 --ratio 0.5 --scale cpu-tiny --out bench/results/NAME
 
 Paired design: seed s gives every method the same initialisation (``seed_everything``) and the
 same stream of candidate superbatches (``data.seed``). Each (method, seed) run is a ``train.py``
 subprocess; its ``metrics.json`` holds val bpb at fixed update-token intervals with training
-wall-clock. Finished runs are skipped on re-run. Writes ``results.json``, ``report.md`` and plots.
+wall-clock. Finished runs are skipped on re-run. Writes ``results.json`` (every run's record: its curve and
+what its metrics.json holds), ``report.md`` and plots (``python -m bench.harness.report`` redraws them from
+results.json alone; a committed comparison keeps results.json, report.md and a README, not the runs or plots).
 
 A method name may carry selection-argument overrides for sweeps, ``name@arg=value[@arg=value]``:
 ``opus@temperature=0.5`` runs ``opus`` with ``--selection.init_args.temperature 0.5`` (and is
@@ -270,6 +272,20 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
         "modelled_step_ratio": modelled_step_ratio(m),
         "machine": m.get("machine"),
         "run_dir": str(run_dir.relative_to(Path(plan.args.out))),
+        **run_metrics(m),
+    }
+
+
+def run_metrics(m: dict[str, Any]) -> dict[str, Any]:
+    """What a run's metrics.json holds beyond the record's other fields: results.json alone then carries every run
+    (the run folders are not kept with a committed comparison)."""
+    sel = m.get("selection") or {}
+    return {
+        "val_loss": m.get("val_loss"),
+        "global_step": m.get("global_step"),
+        "update_tokens": m.get("update_tokens"),
+        "train_wall_seconds": m.get("wall_seconds"),  # training alone: wall_seconds less the offline selection
+        "selection_counts": {k: sel[k] for k in ("method", "selections", "candidates_seen", "kept") if k in sel},
     }
 
 

@@ -106,10 +106,10 @@ def tuning_line(cfg: dict[str, Any]) -> str:
     if "tuned" not in cfg:
         return "Baseline tuning: not recorded (a comparison from before tuned baselines)."
     if cfg["tuned"] is None:
-        return "**Untuned baseline**: run with `--allow-untuned`; no `bench.harness.tune` sweep set the learning rates."
+        return "**Untuned baseline**: run with `--allow-untuned`; no `bench.tune` sweep set the learning rates."
     pairs = [line.strip() for line in cfg["tuned"].splitlines() if not line.lstrip().startswith("#")]
     values = ", ".join(pair for pair in pairs if pair.partition(":")[2].strip())
-    return f"Baseline tuned by `bench.harness.tune` (`configs/tuned`): {values}."
+    return f"Baseline tuned by `bench.tune` (`configs/tuned`): {values}."
 
 
 def load_summary(results: dict[str, Any]) -> str:
@@ -323,7 +323,7 @@ def build_parser():
                        description="Draw a comparison's plots (curves per method family, domains over time) from its results.json alone")
     p.add_argument("--results", type=Path, required=True, help="a bench.harness.compare results.json")
     p.add_argument("--out", type=Path, default=None, help="folder for the plots (default: the results.json's folder)")
-    p.add_argument("--markdown", type=bool, default=False, help="also rewrite report.md there")
+    p.add_argument("--markdown", action="store_true", help="also rewrite report.md there")
     return p
 
 
