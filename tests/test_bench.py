@@ -93,6 +93,32 @@ def test_report_and_plots(bench_run) -> None:
     assert "| random | seed 0: alone" in report or "| random | seed 0: beside ~" in report
 
 
+def test_results_json_alone_carries_each_runs_metrics(bench_run) -> None:
+    """A committed comparison keeps results.json, not the run folders: each record holds what its metrics.json did."""
+    root, _, _ = bench_run
+    on_disk = json.loads((root / "out" / "results.json").read_text())
+    for entry in on_disk["methods"].values():
+        for r in entry["runs"]:
+            m = json.loads((root / "out" / r["run_dir"] / "metrics.json").read_text())
+            assert (r["val_loss"], r["global_step"], r["update_tokens"], r["train_wall_seconds"]) == (
+                m["val_loss"], m["global_step"], m["update_tokens"], m["wall_seconds"])
+            assert r["final_val_bpb"] == m["val_bpb"] and r["update_tokens"] == r["curve"][-1][0]
+
+
+def test_report_redraws_the_plots_from_results_json_alone(bench_run, tmp_path) -> None:
+    from bench.harness import report as bench_report
+
+    root, _, _ = bench_run
+    results = tmp_path / "committed" / "results.json"  # the folder holds results.json and nothing else
+    results.parent.mkdir()
+    results.write_bytes((root / "out" / "results.json").read_bytes())
+    written = bench_report.main(["--results", str(results), "--out", str(tmp_path / "plots"), "--markdown"])
+    names = {p.name for p in written}
+    assert {"curves_loss.png", "curves_offline.png", "domains_over_time.png", "report.md"} <= names
+    assert all(p.stat().st_size > 5000 for p in written if p.suffix == ".png")
+    assert (tmp_path / "plots" / "report.md").read_text() == (root / "out" / "report.md").read_text()
+
+
 def test_rerun_skips_finished_runs(bench_run, tiny_corpus, capsys) -> None:
     root, scale, results = bench_run
     again = bench_compare.main(_args(tiny_corpus, root / "out", scale, "random,high_loss"))
