@@ -14,8 +14,8 @@ from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
-from bench.harness.reference_table import rho_reference_table
 from bench.harness.offline import bench_select, selector_settings
+from bench.harness.reference_table import rho_reference_table
 
 ROOT = Path(__file__).resolve().parents[2]
 
