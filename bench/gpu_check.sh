@@ -4,14 +4,14 @@
 #
 #   OUT=bench/results/gpu bash bench/gpu_check.sh
 #
-# 1. python -m bench.ghost --device cuda at T = 64 (engine vs naive vs floor, N = 16, 32, 64; one process per
+# 1. python -m bench.studies.ghost --device cuda at T = 64 (engine vs naive vs floor, N = 16, 32, 64; one process per
 #    variant, kernel counts and GPU kernel time per call);
-# 2. bench.steptime at gpu-gpt2 (bf16-mixed, AdamW): random, RHO-LOSS on a precomputed reference table
+# 2. bench.harness.steptime at gpu-gpt2 (bf16-mixed, AdamW): random, RHO-LOSS on a precomputed reference table
 #    (rho_lookup, its reference pretrained for 50 steps; the table's one-off cost is not step time) and OPUS,
 #    one interleaved repeat of $STEPS steps (default 30);
 # 3. tests/test_gpu.py (the ghost engine under bf16 autocast, held Muon points on the device, a bf16 train.py run).
-# Off unless given a limit in seconds: GHOST32_LIMIT (bench.ghost at T = 64 in passes of 32 candidates),
-# GHOST16_LIMIT (at T = 16, the shipped OPUS window), SMALL_LIMIT (bench.steptime on gpu-small under Muon,
+# Off unless given a limit in seconds: GHOST32_LIMIT (bench.studies.ghost at T = 64 in passes of 32 candidates),
+# GHOST16_LIMIT (at T = 16, the shipped OPUS window), SMALL_LIMIT (bench.harness.steptime on gpu-small under Muon,
 # random against OPUS and OPUS with muon_refresh=4); with them the total can pass the device's 10-minute call limit.
 # Exits non-zero when the GPU tests fail; the benchmarks' return codes are in $OUT/machine.txt.
 # Wheels under .whl/ (packages the machine lacks) are installed to /tmp/site first.
@@ -28,17 +28,17 @@ fi
   python3 -c "import torch, lightning; print('torch', torch.__version__, 'lightning', lightning.__version__)"; } > "$OUT/machine.txt"
 
 ghost() {  # $1: score_len, $2: time limit, $3: engine candidates per pass (0: one pass)
-  timeout -k 10 "$2" python3 -m bench.ghost --device cuda --score-len "$1" --repeats 5 --rounds 1 --engine-chunk "$3" \
+  timeout -k 10 "$2" python3 -m bench.studies.ghost --device cuda --score-len "$1" --repeats 5 --rounds 1 --engine-chunk "$3" \
     --out "$OUT/ghost-cuda-len$1-chunk$3.json" > "$OUT/ghost-len$1-chunk$3.log" 2>&1
-  echo "bench.ghost T=$1 chunk=$3 rc=$? (limit $2 s)" >> "$OUT/machine.txt"
+  echo "bench.studies.ghost T=$1 chunk=$3 rc=$? (limit $2 s)" >> "$OUT/machine.txt"
 }
 
 steptime() {  # $1: scale, $2: optimizer, $3: methods, $4: time limit, $5: folder name under $OUT
   rm -rf "/tmp/steptime-$5"  # a warm machine keeps an earlier call's files
-  timeout -k 10 "$4" python3 -m bench.steptime --pool "$DATA/pool.jsonl" --target "$DATA/target.jsonl" --val "$DATA/val.jsonl" \
+  timeout -k 10 "$4" python3 -m bench.harness.steptime --pool "$DATA/pool.jsonl" --target "$DATA/target.jsonl" --val "$DATA/val.jsonl" \
     --methods "$3" --steps "${STEPS:-30}" --evals 2 --repeats 1 --optimizer "$2" --scale "$1" --out "/tmp/steptime-$5" \
     > "$OUT/steptime-$5.log" 2>&1
-  echo "bench.steptime $5 rc=$? (limit $4 s)" >> "$OUT/machine.txt"
+  echo "bench.harness.steptime $5 rc=$? (limit $4 s)" >> "$OUT/machine.txt"
   mkdir -p "$OUT/steptime-$5" && cp "/tmp/steptime-$5/steptime.md" "/tmp/steptime-$5/steptime.json" "$OUT/steptime-$5/" 2>/dev/null
 }
 

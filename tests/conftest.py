@@ -7,7 +7,7 @@ from pathlib import Path
 
 import pytest
 
-from bench.toy_corpus import make_docs
+from support.toy_corpus import make_docs
 
 _bad_skips: list[str] = []
 

@@ -23,7 +23,7 @@ from selection_callbacks.nn.gpt import GPTConfig
 from models.lit_gpt import LitGPT
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.data.packing import pack_source
-from bench.toy_corpus import WORDS
+from support.toy_corpus import WORDS
 from tests.conftest import write_jsonl
 
 SEQ_LEN = 32

@@ -1,4 +1,4 @@
-"""bench.compare on a tiny run: schema, report, plots, resume, paired reproducibility, offline prepare."""
+"""bench.harness.compare on a tiny run: schema, report, plots, resume, paired reproducibility, offline prepare."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import pytest
 import torch
 import yaml
 
-from bench import compare as bench_compare
-from bench.methods import REGISTRY, Method, resolve
-from bench.report import crossing, paired_test
+from bench.harness import compare as bench_compare
+from bench.harness.methods import REGISTRY, Method, resolve
+from bench.harness.report import crossing, paired_test
 from selection_callbacks.data.readers import iter_documents
 from selection_callbacks.data.subset import write_subset
 
@@ -93,6 +93,32 @@ def test_report_and_plots(bench_run) -> None:
     assert "| random | seed 0: alone" in report or "| random | seed 0: beside ~" in report
 
 
+def test_results_json_alone_carries_each_runs_metrics(bench_run) -> None:
+    """A committed comparison keeps results.json, not the run folders: each record holds what its metrics.json did."""
+    root, _, _ = bench_run
+    on_disk = json.loads((root / "out" / "results.json").read_text())
+    for entry in on_disk["methods"].values():
+        for r in entry["runs"]:
+            m = json.loads((root / "out" / r["run_dir"] / "metrics.json").read_text())
+            assert (r["val_loss"], r["global_step"], r["update_tokens"], r["train_wall_seconds"]) == (
+                m["val_loss"], m["global_step"], m["update_tokens"], m["wall_seconds"])
+            assert r["final_val_bpb"] == m["val_bpb"] and r["update_tokens"] == r["curve"][-1][0]
+
+
+def test_report_redraws_the_plots_from_results_json_alone(bench_run, tmp_path) -> None:
+    from bench.harness import report as bench_report
+
+    root, _, _ = bench_run
+    results = tmp_path / "committed" / "results.json"  # the folder holds results.json and nothing else
+    results.parent.mkdir()
+    results.write_bytes((root / "out" / "results.json").read_bytes())
+    written = bench_report.main(["--results", str(results), "--out", str(tmp_path / "plots"), "--markdown"])
+    names = {p.name for p in written}
+    assert {"curves_loss.png", "curves_offline.png", "domains_over_time.png", "report.md"} <= names
+    assert all(p.stat().st_size > 5000 for p in written if p.suffix == ".png")
+    assert (tmp_path / "plots" / "report.md").read_text() == (root / "out" / "report.md").read_text()
+
+
 def test_rerun_skips_finished_runs(bench_run, tiny_corpus, capsys) -> None:
     root, scale, results = bench_run
     again = bench_compare.main(_args(tiny_corpus, root / "out", scale, "random,high_loss"))
@@ -143,7 +169,7 @@ BENCHMARKS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
 
 @pytest.mark.parametrize("block", ["default-adamw", "packages-adamw", "default-muon", "cpu-tiny-muon"])
 def test_readme_headline_is_generated_from_the_committed_results(block: str) -> None:
-    from bench.headline import ROOT_README, headline, rewrite
+    from bench.harness.headline import ROOT_README, headline, rewrite
 
     results = ROOT_README.parent / "bench" / "results" / block / "results.json"
     assert results.exists(), f"{results} is the committed comparison the README quotes"
@@ -166,7 +192,7 @@ def test_method_variants_pass_selection_overrides(tiny_corpus, tmp_path) -> None
 
 
 def test_steptime_ratios_from_interleaved_runs(bench_run, tiny_corpus) -> None:
-    from bench import steptime
+    from bench.harness import steptime
 
     root, scale, _ = bench_run
     out = root / "steptime"
@@ -199,7 +225,7 @@ def test_steptime_ratios_from_interleaved_runs(bench_run, tiny_corpus) -> None:
 def test_cost_model_weighs_passes_by_their_models_flops() -> None:
     """RHO-LOSS-like counts over 10 steps of K·T = 100 tokens: a learner forward and a reference forward (a model of
     a quarter of the learner's FLOPs) over N·T = 200 tokens per step, and a one-off pretraining of 5 reference steps."""
-    from bench.cost_model import modelled_cost
+    from bench.harness.cost_model import modelled_cost
 
     metrics = {"global_step": 10, "update_tokens": 1000, "selection": {
         "cost": {"learner_fwd": {"passes": 10, "tokens": 2000}, "reference_fwd": {"passes": 10, "tokens": 2000},
@@ -240,7 +266,7 @@ def test_offline_prepare_reselects_when_its_inputs_change(tiny_corpus, tmp_path)
 
 def test_equal_wall_uses_the_interleaved_step_time_ratio(tmp_path) -> None:
     """A method 25% slower per step (in-run) is judged at random's tokens / 1.25; the run's own wall-clock is ignored."""
-    from bench.equal_wall import equal_wall, main as equal_wall_main
+    from bench.harness.equal_wall import equal_wall, main as equal_wall_main
 
     def run(seed, bpbs, wall_per_token, one_off=0.0):
         tokens = [100.0 * (i + 1) for i in range(len(bpbs))]
@@ -281,7 +307,7 @@ def test_bench_ghost_naive_baseline_scores_what_the_engine_scores() -> None:
 
     import torch
 
-    from bench import ghost as bench_ghost
+    from bench.studies import ghost as bench_ghost
 
     args = argparse.Namespace(score_len=8, layers=1, width=64, device="cpu", n=6, sketch_dim=64, engine_chunk=4, chunk=4)
     model, opt, rows = bench_ghost.setup(args)
@@ -291,7 +317,7 @@ def test_bench_ghost_naive_baseline_scores_what_the_engine_scores() -> None:
 
 
 def test_sketch_error_compares_block_and_shared_layouts(tmp_path) -> None:
-    from bench import sketch_error
+    from bench.studies import sketch_error
 
     out = sketch_error.main(["--mode", "layouts", "--ms", "32,128", "--seeds", "4", "--layers", "1", "--width", "64", "--n", "4",
                              "--out", str(tmp_path / "e.json")])
@@ -304,7 +330,7 @@ def test_sketch_error_compares_block_and_shared_layouts(tmp_path) -> None:
 
 def test_sketch_error_over_training_stages(tmp_path) -> None:
     """The stages bench at toy size: every state has the reference and the engine's sketches, and the table."""
-    from bench import sketch_error
+    from bench.studies import sketch_error
 
     out = sketch_error.main(["--steps", "2", "--beta2s", "0.95", "--seeds", "2", "--layers", "1", "--width", "64", "--n", "6",
                              "--m", "256", "--out", str(tmp_path / "s.json")])
@@ -318,7 +344,8 @@ def test_sketch_error_over_training_stages(tmp_path) -> None:
 def test_offline_variants_set_the_selector_config(tiny_corpus, tmp_path) -> None:
     """``datamask@bank.proxy_tokens=null``: the override reaches the selector, its identity and nothing else."""
     from selection_callbacks.offline.datamask import DatamaskConfig
-    from selection_callbacks.offline.select import SelectionError, config_with
+    from bench.harness.offline import config_with
+    from selection_callbacks.offline.select import SelectionError
 
     cfg = config_with(DatamaskConfig(), [("bank.proxy_tokens", "null"), ("lam", "0.5"), ("embedder", "hashed")])
     assert cfg.bank.proxy_tokens is None and cfg.lam == 0.5 and cfg.embedder == "hashed"
@@ -351,7 +378,7 @@ def test_offline_variants_set_the_selector_config(tiny_corpus, tmp_path) -> None
 
 
 def test_feature_bank_budget_table(tiny_corpus, tmp_path) -> None:
-    from bench import feature_bank as fb
+    from bench.studies import feature_bank as fb
 
     x = np.array([0.3, 1.0, np.nan, 2.0, -1.0])
     assert fb.spearman(x, x**3) == pytest.approx(1.0) and fb.spearman(x, -x) == pytest.approx(-1.0)
@@ -368,13 +395,13 @@ def test_comparison_without_a_tuned_baseline_is_refused(tiny_corpus, tmp_path) -
     scale = tmp_path / "tiny.yaml"
     scale.write_text(TINY_SCALE)
     argv = [a for a in _args(tiny_corpus, tmp_path / "o", scale, "random") if a != "--allow-untuned"]
-    with pytest.raises(SystemExit, match=r"no tuned baseline for scale 'tiny' under adamw.*bench.tune.*--allow-untuned"):
+    with pytest.raises(SystemExit, match=r"no tuned baseline for scale 'tiny' under adamw.*bench.harness.tune.*--allow-untuned"):
         bench_compare.Plan(bench_compare.build_parser().parse_args(argv))
     assert bench_compare.Plan(bench_compare.build_parser().parse_args([*argv, "--allow-untuned"])).tuned is None
 
 
 def test_tune_axes_take_list_values_separated_by_semicolons() -> None:
-    from bench.tune import parse_axis, point_name
+    from bench.harness.tune import parse_axis, point_name
 
     assert parse_axis("model.lr=0.001,0.002") == ("model.lr", ["0.001", "0.002"])
     assert parse_axis("model.betas=[0.9,0.95];[0.9,0.99]") == ("model.betas", ["[0.9,0.95]", "[0.9,0.99]"])
@@ -386,7 +413,7 @@ def test_tune_axes_take_list_values_separated_by_semicolons() -> None:
 def test_tune_points_never_train_on_an_earlier_winner(tiny_corpus, tmp_path, monkeypatch) -> None:
     from argparse import Namespace
 
-    from bench import tune
+    from bench.harness import tune
 
     scale, tuned = tmp_path / "tiny.yaml", tmp_path / "tiny-adamw.yaml"
     scale.write_text(TINY_SCALE)
@@ -406,8 +433,8 @@ def test_tune_points_never_train_on_an_earlier_winner(tiny_corpus, tmp_path, mon
 
 
 def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus, tmp_path, monkeypatch) -> None:
-    from bench import report as bench_report
-    from bench import tune
+    from bench.harness import report as bench_report
+    from bench.harness import tune
 
     scale = tmp_path / "tiny.yaml"
     scale.write_text(TINY_SCALE)
@@ -431,7 +458,7 @@ def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus,
 
 
 def test_report_lists_score_diagnostics_per_seed() -> None:
-    from bench.report import diagnostics_lines
+    from bench.harness.report import diagnostics_lines
 
     run = lambda rel, ratio: {"diagnostics": {"checks": 10, "utility_split_half_mean": rel, "sketch_error_mean": 0.1},
                               "modelled_step_ratio": ratio}
@@ -444,7 +471,7 @@ def test_report_lists_score_diagnostics_per_seed() -> None:
 
 
 def test_window_learnability_of_the_whole_sequence_is_the_full_ranking(tiny_corpus, tmp_path) -> None:
-    from bench import window_learnability
+    from bench.studies import window_learnability
 
     threads = torch.get_num_threads()
     result = window_learnability.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val",
@@ -477,3 +504,17 @@ def test_rho_lookup_selects_as_rho_without_the_reference_forward(tiny_corpus, tm
     assert looked_up["modelled_step_ratio"] < live["modelled_step_ratio"]
     metrics = json.loads((tmp_path / "out" / looked_up["run_dir"] / "metrics.json").read_text())
     assert "reference_fwd" not in metrics["selection"]["cost"] and "learner_fwd" in metrics["selection"]["cost"]
+
+
+def test_bench_registry_budget_covers_the_run(tiny_corpus, tmp_path) -> None:
+    from bench.harness.methods import REGISTRY
+    from bench.harness.offline import bench_select
+    from selection_callbacks.data.datamodule import PoolDataModule
+
+    assert all(REGISTRY[m].offline for m in ("dsir", "warmup_delta", "policy"))
+    subset = bench_select("dsir", tiny_corpus["pool"], tiny_corpus["target"], 50 * 32, 0, tmp_path)
+    dm = PoolDataModule(tiny_corpus["pool"], tiny_corpus["target"], tiny_corpus["val"], seq_len=32, batch_size=4,
+                        ratio=1.0, subset=str(subset), progress=False)
+    dm.prepare_data()
+    dm.setup("fit")
+    assert len(dm.splits["pool"]) >= 50  # the run's sequences fit in the subset

@@ -58,7 +58,8 @@ OLD_RUNS = [
     (("selection_callbacks.data.default_corpus",), ("corpus",)),
     (("selection_callbacks.data.package_corpus",), ("packages",)),
 ]
-BENCH = ("compare", "datamask_scale", "equal_wall", "ghost", "headline", "sketch_error", "steptime", "utility_ranking")
+BENCH = ("harness.compare", "studies.datamask_scale", "harness.equal_wall", "studies.ghost", "harness.headline", "studies.sketch_error",
+         "harness.steptime", "studies.utility_ranking")
 
 
 def _flat(text: str) -> str:

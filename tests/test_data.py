@@ -18,7 +18,7 @@ from selection_callbacks.data.readers import DataSourceError, iter_documents
 from selection_callbacks.data.subset import SubsetError, write_subset
 from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.methods import RandomSelection
-from bench.toy_corpus import make_docs
+from support.toy_corpus import make_docs
 from tests.conftest import write_jsonl
 
 

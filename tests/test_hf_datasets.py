@@ -11,7 +11,7 @@ import pyarrow.parquet as pq
 import pytest
 import torch
 
-from bench.toy_corpus import make_docs
+from support.toy_corpus import make_docs
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.data.readers import Columns, DataSourceError, iter_documents, stream_documents
 from selection_callbacks.data.stream_loader import StreamingSuperbatchLoader

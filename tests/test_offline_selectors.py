@@ -19,7 +19,7 @@ from selection_callbacks.offline.corpus import Budget, SelectionError, load_corp
 from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
 from selection_callbacks.offline.features import FeatureBank
 from selection_callbacks.offline.policy import PolicyConfig, learn_policy, plackett_luce_log_prob, select_policy
-from selection_callbacks.offline.select import SELECTORS, bench_select, main, run_selection
+from selection_callbacks.offline.select import SELECTORS, main, run_selection
 from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, delta_order, select_warmup_delta
 from tests.test_offline_features import TINY_BANK, TINY_PROXY
 
@@ -164,18 +164,6 @@ def test_clear_errors(tiny_corpus, tmp_path) -> None:
     with pytest.raises(SystemExit):  # both budgets
         main(["dsir", "--pool", args[0], "--target", args[1], "--budget-docs=1", "--budget-tokens=9", "--out=x"])
     assert set(SELECTORS) >= {"dsir", "warmup_delta", "policy"}
-
-
-def test_bench_registry_budget_covers_the_run(tiny_corpus, tmp_path) -> None:
-    from bench.methods import REGISTRY
-
-    assert all(REGISTRY[m].offline for m in ("dsir", "warmup_delta", "policy"))
-    subset = bench_select("dsir", tiny_corpus["pool"], tiny_corpus["target"], 50 * 32, 0, tmp_path)
-    dm = PoolDataModule(tiny_corpus["pool"], tiny_corpus["target"], tiny_corpus["val"], seq_len=32, batch_size=4,
-                        ratio=1.0, subset=str(subset), progress=False)
-    dm.prepare_data()
-    dm.setup("fit")
-    assert len(dm.splits["pool"]) >= 50  # the run's sequences fit in the subset
 
 
 def test_offline_oracle_takes_the_targets_domains_first_up_to_the_budget(corpora) -> None:

@@ -6,7 +6,7 @@ effect_i = −⟨Δθ(K/(K+1)·ḡ_B + g_i/(K+1)) − Δθ(K/(K+1)·ḡ_B), ḡ_
 change of one step of a float64 copy of the optimizer fed gradient g, summed over the parameters
 the engine scores. Torch's Muon iterates Newton–Schulz in bfloat16, whose rounding swamps one
 candidate's share; the reference runs the same coefficients and steps in float64 (checked against
-torch's own step to bfloat16 tolerance). The machinery is bench.utility_ranking's, whose bench runs it over
+torch's own step to bfloat16 tolerance). The machinery is bench.studies.utility_ranking's, whose bench runs it over
 more stages, AdamW's β₂ and the map variants.
 """
 
@@ -25,7 +25,7 @@ from scipy.stats import spearmanr
 from torch.optim._muon import _adjust_lr
 
 import train
-from bench.utility_ranking import (
+from bench.studies.utility_ranking import (
     CFG, K, MUON_LR, MUON_MU, N_PROXY, NS, POOL, TARGET, TRAIN_BATCH, AtBaseBatch, FrozenMaps, RealStep, cat, make_optimizer, ns64,
     per_sample_grads, probe, relative, train_step, windows,
 )
@@ -458,7 +458,7 @@ def test_odd_mirrored_draws_are_refused() -> None:
 
 
 def test_base_batch_reference_differentiates_at_the_point_the_step_orthogonalises() -> None:
-    """bench.utility_ranking's ceiling: Muon utilities from the VJP at μ²·buf + (1 − μ²)·g_base for the given base
+    """bench.studies.utility_ranking's ceiling: Muon utilities from the VJP at μ²·buf + (1 − μ²)·g_base for the given base
     gradients g_base, from explicit per-sample gradients."""
     model, opt, gen = trained("muon", 3)
     n = 6
@@ -476,7 +476,7 @@ def test_base_batch_reference_differentiates_at_the_point_the_step_orthogonalise
 
 def test_utility_ranking_bench_smoke(tmp_path) -> None:
     """One configuration, stage and seed of the bench: its JSON and table carry every variant's ρ and top-K overlap."""
-    from bench import utility_ranking
+    from bench.studies import utility_ranking
 
     out = tmp_path / "ranking"
     result = utility_ranking.main(["--steps", "5", "--seeds", "0", "--beta2s", "0.95", "--muon", "false", "--out", str(out)])

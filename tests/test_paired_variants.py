@@ -1,4 +1,4 @@
-"""bench.paired_variants: methods against a variant, paired by seed (brute-force statistics)."""
+"""bench.harness.paired_variants: methods against a variant, paired by seed (brute-force statistics)."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pytest
 from scipy import stats
 
-from bench import paired_variants
+from bench.harness import paired_variants
 
 
 def _runs(values: list[float]) -> dict:

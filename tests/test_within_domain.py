@@ -1,4 +1,4 @@
-"""bench.within_domain: window features against brute force, and a known preference read back from a ledger."""
+"""bench.studies.within_domain: window features against brute force, and a known preference read back from a ledger."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pyarrow as pa
 import pytest
 
-from bench.within_domain import domain_scales, run_preferences, sample_features
+from bench.studies.within_domain import domain_scales, run_preferences, sample_features
 from selection_callbacks.core.ledger_store import SCHEMA, write_table
 from selection_callbacks.data.packing import pack_source
 from selection_callbacks.data.tokenizer import ByteTokenizer

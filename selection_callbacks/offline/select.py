@@ -20,15 +20,12 @@ method's options) and add ``Selector(config, fn, help)`` to :data:`SELECTORS`.
 
 from __future__ import annotations
 
-import dataclasses
-import json
 import time
-from collections.abc import Callable, Sequence
-from dataclasses import asdict, dataclass, fields
+from collections.abc import Callable
+from dataclasses import dataclass, fields
 from pathlib import Path
 from typing import Any
 
-import yaml
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.core.arguments import add_pool_arguments, command_parser
@@ -36,7 +33,6 @@ from selection_callbacks.offline.autodata.search import AutoDataConfig, select_a
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
 from selection_callbacks.offline.datamask import DatamaskConfig, select_datamask
 from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
-from selection_callbacks.offline.features import FEATURE_VERSION
 from selection_callbacks.offline.oracle import OracleConfig, select_oracle
 from selection_callbacks.offline.policy import PolicyConfig, select_policy
 from selection_callbacks.offline.sharded.select import ENGINES, SHARDED_METHODS, EngineConfig, run_sharded_selection
@@ -93,48 +89,6 @@ def run_selection(
     selection = spec.select(pool_c, target_c, budget, seed, config, progress)
     run = SelectionRun(method, str(pool), str(target), budget, seed, config)
     return write_selection(run, pool_c, selection, Path(out), time.perf_counter() - start)
-
-
-def config_with(config: Any, overrides: Sequence[tuple[str, str]]) -> Any:
-    """A copy of a (nested) dataclass config with dotted fields set: ``("bank.proxy_tokens", "null")``.
-
-    Values are YAML scalars (``null``, ``2000000``, ``0.5``, ``hashed``); an unknown field is an
-    error naming the fields there are.
-    """
-    for key, text in overrides:
-        head, _, rest = key.partition(".")
-        names = [f.name for f in fields(config)]
-        if head not in names:
-            raise SelectionError(f"{type(config).__name__} has no option {head!r} (from {key!r}); options: {names}")
-        value = config_with(getattr(config, head), [(rest, text)]) if rest else yaml.safe_load(text)
-        config = dataclasses.replace(config, **{head: value})
-    return config
-
-
-def selector_settings(method: str, overrides: Sequence[tuple[str, str]] = ()) -> str:
-    """``method``'s effective config (defaults with ``overrides``) as JSON, and the feature bank's version:
-    what a benchmark's cache keys on (a bank computed another way makes other subsets)."""
-    config = json.dumps(asdict(config_with(SELECTORS[method].config(), overrides)), sort_keys=True)
-    return f"{config} features-v{FEATURE_VERSION}"
-
-
-def bench_select(
-    method: str, pool: str, target: str, budget_tokens: int, seed: int, out_dir: Path,
-    overrides: Sequence[tuple[str, str]] = (),
-) -> Path:
-    """``bench/methods.py``'s offline selector signature.
-
-    The benchmark passes the tokens its run will train on (steps × batch size × seq_len); the
-    subset gets ≥ budget_tokens + 1 tokens, so the run reads each selected token about once.
-    ``overrides`` set options of the method's config (:func:`config_with`), e.g. a variant
-    ``datamask@bank.proxy_tokens=null``.
-    """
-    if method not in SELECTORS:
-        raise SelectionError(f"unknown selection method {method!r}; available: {', '.join(SELECTORS)}")
-    config = config_with(SELECTORS[method].config(), overrides)
-    out = Path(out_dir) / "subset.parquet"
-    run_selection(method, pool, target, Budget(tokens=budget_tokens + 1), seed, out, config, progress=False)
-    return out
 
 
 def build_parser(parent: ActionSubCommands | None = None, name: str = "select") -> ArgumentParser:

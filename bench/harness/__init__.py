@@ -1,0 +1,1 @@
+"""The benchmark harness: compare methods against the tuned random baseline, tune it, time steps, report."""

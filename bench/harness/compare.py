@@ -1,0 +1,353 @@
+"""Every method side by side on one pool, model, optimizer, schedule and update-token budget.
+
+    python -m bench.harness.compare --pool P --target T --val V --methods random,high_loss,oracle \
+        --tokens 2000000 --seeds 3 --ratio 0.5 --scale cpu-tiny --out bench/results/NAME
+
+Paired design: seed s gives every method the same initialisation (``seed_everything``) and the
+same stream of candidate superbatches (``data.seed``). Each (method, seed) run is a ``train.py``
+subprocess; its ``metrics.json`` holds val bpb at fixed update-token intervals with training
+wall-clock. Finished runs are skipped on re-run. Writes ``results.json`` (every run's record: its curve and
+what its metrics.json holds), ``report.md`` and plots (``python -m bench.harness.report`` redraws them from
+results.json alone; a committed comparison keeps results.json, report.md and a README, not the runs or plots).
+
+A method name may carry selection-argument overrides for sweeps, ``name@arg=value[@arg=value]``:
+``opus@temperature=0.5`` runs ``opus`` with ``--selection.init_args.temperature 0.5`` (and is
+reported under that name). For an offline method the overrides set its selector's config, dotted
+into nested settings: ``datamask@bank.proxy_tokens=null`` selects with a full-pass feature bank.
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import hashlib
+import json
+import os
+import subprocess
+import sys
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import yaml
+from jsonargparse import ArgumentParser
+
+from bench.harness.cost_model import modelled_cost
+from bench.harness.methods import ROOT, Method, resolve
+from bench.harness.report import write_report
+
+
+def split_variant(name: str) -> tuple[str, list[tuple[str, str]]]:
+    """``"opus@temperature=0.5"`` → ``("opus", [("temperature", "0.5")])``."""
+    base, *parts = name.split("@")
+    overrides = []
+    for part in parts:
+        key, sep, value = part.partition("=")
+        if not sep or not key or not value:
+            raise SystemExit(f"method variant {name!r}: expected name@arg=value[@arg=value]")
+        overrides.append((key, value))
+    return base, overrides
+
+
+def resolve_variants(names: list[str]) -> tuple[list[Method], dict[str, list[tuple[str, str]]]]:
+    """Registry methods (variants renamed) and each variant's selection overrides."""
+    bases = resolve([split_variant(n)[0] for n in names])
+    methods, overrides = [], {}
+    for name, base in zip(names, bases):
+        _, extra = split_variant(name)
+        methods.append(dataclasses.replace(base, name=name))
+        overrides[name] = extra
+    return methods, overrides
+
+
+def parse_seeds(text: str) -> list[int]:
+    """``"3"`` → [0, 1, 2]; ``"0,4,7"`` → [0, 4, 7]."""
+    if "," in text:
+        return [int(s) for s in text.split(",") if s.strip()]
+    n = int(text)
+    if n < 1:
+        raise SystemExit("--seeds must be ≥ 1")
+    return list(range(n))
+
+
+def scale_config(scale: str) -> Path:
+    path = Path(scale) if scale.endswith(".yaml") else ROOT / "configs" / "scale" / f"{scale}.yaml"
+    if not path.exists():
+        known = sorted(p.stem for p in (ROOT / "configs" / "scale").glob("*.yaml"))
+        raise SystemExit(f"scale {scale!r} not found; known scales: {', '.join(known)}")
+    return path
+
+
+def tuned_config(scale_path: Path, optimizer: str) -> Path:
+    """``configs/tuned/<scale>-<optimizer>.yaml``: the tuned learning rates and decay ``bench.harness.tune`` wrote."""
+    return ROOT / "configs" / "tuned" / f"{scale_path.stem}-{optimizer}.yaml"
+
+
+def file_digest(path: str) -> str:
+    """sha256 of a file, or of a folder's file names, sizes and contents."""
+    p = Path(path)
+    files = [p] if p.is_file() else sorted(f for f in p.rglob("*") if f.is_file())
+    h = hashlib.sha256()
+    for f in files:
+        h.update(str(f.relative_to(p) if p.is_dir() else f.name).encode())
+        h.update(f.read_bytes())
+    return h.hexdigest()[:16]
+
+
+def git_commit() -> str:
+    try:
+        out = subprocess.run(["git", "rev-parse", "--short", "HEAD"], cwd=ROOT, capture_output=True, text=True, check=True)
+        dirty = subprocess.run(["git", "status", "--porcelain", "--untracked-files=no"], cwd=ROOT, capture_output=True, text=True)
+        return out.stdout.strip() + ("-dirty" if dirty.stdout.strip() else "")
+    except (OSError, subprocess.CalledProcessError):
+        return "unknown"
+
+
+class Plan:
+    """Run length and evaluation grid, derived once from the scale config and the token budget."""
+
+    def __init__(self, args: argparse.Namespace) -> None:
+        self.scale_path = scale_config(args.scale)
+        cfg = yaml.safe_load(self.scale_path.read_text())
+        data, trainer = cfg.get("data", {}), cfg.get("trainer", {})
+        self.batch_size = int(data.get("batch_size", 16))
+        self.seq_len = int(data.get("seq_len", 128))
+        accumulate = int(trainer.get("accumulate_grad_batches", 1))
+        self.tokens_per_step = self.batch_size * self.seq_len * accumulate
+        self.steps = max(1, args.tokens // self.tokens_per_step)
+        self.eval_every = max(1, self.steps // args.evals)
+        self.tuned = tuned_config(self.scale_path, args.optimizer)
+        if args.no_tuned:
+            self.tuned = None
+        elif not self.tuned.exists():
+            if not args.allow_untuned:
+                raise SystemExit(
+                    f"no tuned baseline for scale {self.scale_path.stem!r} under {args.optimizer}: {self.tuned} is "
+                    f"missing. Sweep it with python -m bench.harness.tune --scale {self.scale_path.stem} --optimizer "
+                    f"{args.optimizer} ..., or pass --allow-untuned (the report then says the baseline is untuned)"
+                )
+            self.tuned = None
+        self.args = args
+        self.overrides: dict[str, list[tuple[str, str]]] = {}
+        self.config = {
+            "scale": self.scale_path.read_text(),
+            "ratio": args.ratio,
+            "tokens": args.tokens,
+            "steps": self.steps,
+            "eval_every_steps": self.eval_every,
+            "optimizer": args.optimizer,
+            "data": {k: file_digest(getattr(args, k)) for k in ("pool", "target", "val")},
+            "extra": args.extra,
+            "threads": args.threads,
+            "tuned": self.tuned.read_text() if self.tuned else None,
+        }
+        # an untuned run hashes as runs made before tuned baselines existed (they were untuned too)
+        hashed = {k: v for k, v in self.config.items() if not (k == "tuned" and v is None)}
+        self.config_hash = hashlib.sha256(json.dumps(hashed, sort_keys=True).encode()).hexdigest()[:12]
+
+    def run_dir(self, method: Method, seed: int) -> Path:
+        return Path(self.args.out) / "runs" / self.config_hash / method.name / f"seed{seed}"
+
+    def train_command(self, method: Method, seed: int, subset: Path | None, prepared: list[tuple[str, str]] = ()) -> list[str]:
+        a = self.args
+        cmd = [sys.executable, str(ROOT / "train.py"), "fit", "--config", str(self.scale_path)]
+        cmd += ["--config", str(self.tuned)] if self.tuned else []
+        cmd += ["--config", str(ROOT / (method.config or "configs/method/random.yaml"))]
+        cmd += ["--seed_everything", str(seed), "--data.seed", str(seed)]
+        cmd += ["--data.pool", a.pool, "--data.target", a.target, "--data.val", a.val, "--data.progress", "false"]
+        cmd += ["--data.ratio", "1.0" if subset else str(a.ratio), "--model.optimizer", a.optimizer]
+        cmd += ["--trainer.max_steps", str(self.steps), "--trainer.val_check_interval", str(self.eval_every)]
+        cmd += ["--trainer.default_root_dir", str(self.run_dir(method, seed)), "--trainer.enable_progress_bar", "false"]
+        if subset:
+            cmd += ["--data.subset", str(subset)]
+        for key, value in [] if method.offline else [*self.overrides.get(method.name, []), *prepared]:
+            cmd += [f"--selection.init_args.{key}", value]
+        return cmd + list(a.extra)
+
+
+def finished(metrics_path: Path, steps: int) -> bool:
+    if not metrics_path.exists():
+        return False
+    m = json.loads(metrics_path.read_text())
+    return m.get("global_step", 0) >= steps and bool(m.get("curve")) and m["curve"][-1][0] == m["update_tokens"]
+
+
+def cached_stage(plan: Plan, method: Method, seed: int, key: str, run: Callable[[Path], Any]) -> tuple[Any, float]:
+    """``run(folder)`` once per (config, method, seed): its JSON-able result (``key`` in the file) and seconds, reused from
+    ``prepare.json`` while the method's identity is unchanged (a file from before identities were recorded counts)."""
+    folder = Path(plan.args.out) / "prepare" / plan.config_hash / method.name / f"seed{seed}"
+    done = folder / "prepare.json"
+    identity = method_identity(plan, method)
+    if done.exists():
+        info = json.loads(done.read_text())
+        if info.get("identity", identity) == identity:
+            return info[key], float(info["seconds"])
+        print(f"[bench] {method.name} seed {seed}: its inputs changed since it was prepared; preparing again")
+    folder.mkdir(parents=True, exist_ok=True)
+    start = time.perf_counter()
+    result = run(folder)
+    seconds = time.perf_counter() - start
+    done.write_text(json.dumps({key: result, "seconds": seconds, "identity": identity}))
+    return result, seconds
+
+
+def prepare_offline(plan: Plan, method: Method, seed: int) -> tuple[Path, float]:
+    """Run an offline selector once per seed (cached); returns its subset file and selection seconds."""
+    budget = plan.steps * plan.tokens_per_step  # tokens the run will train on
+    overrides = plan.overrides.get(method.name, [])
+    subset, seconds = cached_stage(plan, method, seed, "subset", lambda folder: str(method.select(
+        plan.args.pool, plan.args.target, budget, seed, folder, *([overrides] if overrides else []))))
+    return Path(subset), seconds
+
+
+def prepare_online(plan: Plan, method: Method, seed: int) -> tuple[list[tuple[str, str]], float]:
+    """Run an online method's prepare stage once per seed (cached); returns its selection overrides and seconds."""
+    a = plan.args
+    overrides, seconds = cached_stage(plan, method, seed, "overrides", lambda folder: method.prepare(
+        a.pool, a.target, a.val, plan.scale_path, ROOT / method.config, seed, folder, a.threads,
+        plan.overrides.get(method.name, [])))
+    return [tuple(o) for o in overrides], seconds
+
+
+def method_identity(plan: Plan, method: Method) -> str:
+    """What a run of ``method`` trained with: its method config's text (an offline selector's inputs) and
+    overrides (not in the config hash)."""
+    overrides = "".join(f"override {k}={v}\n" for k, v in plan.overrides.get(method.name, []))
+    if method.offline:
+        inputs = "".join(f"{f}:\n{(ROOT / f).read_text()}" for f in method.inputs)
+        settings = f"settings {method.settings(plan.overrides.get(method.name, []))}\n" if method.settings else ""
+        return f"offline selector {method.name}\n" + inputs + settings + overrides
+    return (ROOT / (method.config or "configs/method/random.yaml")).read_text() + overrides
+
+
+def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
+    """Train (or reuse) one method-seed run and return its record for results.json.
+
+    A finished run is reused only if its recorded ``method.txt`` matches the method's current
+    config: a method config edited after its runs were made is an error, not a silent mix.
+    """
+    run_dir = plan.run_dir(method, seed)
+    subset, selection_seconds = prepare_offline(plan, method, seed) if method.offline else (None, 0.0)
+    prepared, one_off = prepare_online(plan, method, seed) if method.prepare else ([], 0.0)
+    selection_seconds += one_off
+    metrics_path = run_dir / "metrics.json"
+    identity, recorded = method_identity(plan, method), run_dir / "method.txt"
+    if finished(metrics_path, plan.steps):
+        if recorded.exists() and recorded.read_text() != identity:
+            raise SystemExit(
+                f"[bench] {run_dir} holds a finished {method.name} run made with another method config "
+                f"({recorded} differs from the current one): move it aside, e.g. under a name@arg=value variant, "
+                "or use a new --out"
+            )
+        print(f"[bench] {method.name} seed {seed}: finished, skipped", flush=True)
+    else:
+        print(f"[bench] {method.name} seed {seed}: training {plan.steps} steps", flush=True)
+        run_dir.mkdir(parents=True, exist_ok=True)
+        recorded.write_text(identity)
+        env = dict(os.environ)
+        if plan.args.threads:
+            env.update(OMP_NUM_THREADS=str(plan.args.threads), MKL_NUM_THREADS=str(plan.args.threads))
+        with open(run_dir / "train.log", "w") as log:
+            proc = subprocess.run(
+                plan.train_command(method, seed, subset, prepared), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env
+            )
+        if proc.returncode != 0 or not finished(metrics_path, plan.steps):
+            raise SystemExit(f"[bench] {method.name} seed {seed} failed (exit {proc.returncode}); see {run_dir / 'train.log'}")
+    m = json.loads(metrics_path.read_text())
+    sel = m.get("selection") or {}
+    online_seconds = float(sel.get("overhead_seconds", 0.0))
+    return {
+        "seed": seed,
+        "final_val_bpb": m["val_bpb"] if m["val_bpb"] is not None else m["val_loss"],
+        "curve_metric": m.get("curve_metric", "val_bpb"),
+        "curve": [[t, w + selection_seconds, b] for t, w, b in m["curve"]],
+        "wall_seconds": m["wall_seconds"] + selection_seconds,
+        "overhead_fraction": online_seconds / m["wall_seconds"] if m["wall_seconds"] else 0.0,
+        "selection_seconds": online_seconds + selection_seconds,
+        "one_off_seconds": one_off,
+        "domains": sel.get("domains", {}),
+        "domain_history": m.get("domain_history", []),
+        "diagnostics": {k: v for k, v in (sel.get("diagnostics") or {}).items() if k != "history"},
+        "modelled_step_ratio": modelled_step_ratio(m),
+        "machine": m.get("machine"),
+        "run_dir": str(run_dir.relative_to(Path(plan.args.out))),
+        **run_metrics(m),
+    }
+
+
+def run_metrics(m: dict[str, Any]) -> dict[str, Any]:
+    """What a run's metrics.json holds beyond the record's other fields: results.json alone then carries every run
+    (the run folders are not kept with a committed comparison)."""
+    sel = m.get("selection") or {}
+    return {
+        "val_loss": m.get("val_loss"),
+        "global_step": m.get("global_step"),
+        "update_tokens": m.get("update_tokens"),
+        "train_wall_seconds": m.get("wall_seconds"),  # training alone: wall_seconds less the offline selection
+        "selection_counts": {k: sel[k] for k in ("method", "selections", "candidates_seen", "kept") if k in sel},
+    }
+
+
+def modelled_step_ratio(metrics: dict[str, Any]) -> float | None:
+    """The run's modelled step ratio (:mod:`bench.harness.cost_model`); None for a run whose summary predates FLOPs per token."""
+    try:
+        return modelled_cost(metrics)["ratio"]
+    except ValueError:
+        return None
+
+
+def compare(args: argparse.Namespace) -> dict[str, Any]:
+    methods, overrides = resolve_variants([s.strip() for s in args.methods.split(",") if s.strip()])
+    seeds = parse_seeds(args.seeds)
+    plan = Plan(args)
+    plan.overrides = overrides
+    print(f"[bench] config {plan.config_hash}: {plan.steps} steps × {plan.tokens_per_step} update tokens, "
+          f"eval every {plan.eval_every} steps, seeds {seeds}", flush=True)
+    results: dict[str, Any] = {"commit": git_commit(), "config_hash": plan.config_hash, "config": plan.config, "methods": {}}
+    for seed in seeds:  # seed-major: a partial comparison is already paired
+        for method in methods:
+            run = run_one(plan, method, seed)
+            results["methods"].setdefault(method.name, {"offline": method.offline, "family": method.family, "runs": []})["runs"].append(run)
+    for name, entry in results["methods"].items():
+        base = {r["seed"]: r["wall_seconds"] for r in results["methods"]["random"]["runs"]}
+        for r in entry["runs"]:
+            r["step_time_ratio"] = r["wall_seconds"] / base[r["seed"]]
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    (out / "results.json").write_text(json.dumps(results, indent=1))
+    write_report(results, out)
+    print(f"[bench] wrote {out / 'results.json'} and {out / 'report.md'}", flush=True)
+    return results
+
+
+def build_parser() -> ArgumentParser:
+    """The ``bench.harness.compare`` flags (``bench.harness.steptime`` builds its train.py runs through them too)."""
+    p = ArgumentParser(prog="python -m bench.harness.compare", description=__doc__.split("\n\n")[0])
+    p.add_argument("--pool", required=True, help="the training pool, passed to every run as --data.pool")
+    p.add_argument("--target", required=True, help="what selectors may read")
+    p.add_argument("--val", required=True, help="evaluation only")
+    p.add_argument("--methods", default="random,high_loss", help="comma-separated method names")
+    p.add_argument("--tokens", type=int, required=True, help="update-token budget per run")
+    p.add_argument("--seeds", default="3", help="a count (0..S-1) or a comma list")
+    p.add_argument("--ratio", type=float, default=0.5, help="kept fraction K/N")
+    p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw",
+                   help="the learner's optimizer in every run")
+    p.add_argument("--scale", default="cpu-tiny", help="configs/scale/<name>.yaml or a YAML path")
+    p.add_argument("--evals", type=int, default=10, help="validation points per run")
+    p.add_argument("--threads", type=int, default=None, help="CPU threads per run (part of the config)")
+    p.add_argument("--allow-untuned", action="store_true",
+                   help="run without configs/tuned/<scale>-<optimizer>.yaml (the report says the baseline is untuned)")
+    p.add_argument("--no-tuned", action="store_true",
+                   help="leave configs/tuned out even where it exists (bench.harness.tune's sweeps set every value themselves)")
+    p.add_argument("--out", required=True, help="folder of the runs, results.json, report.md and the plots")
+    p.add_argument("extra", nargs="*", default=[], help="extra train.py flags after --, e.g. -- --model.lr 0.002")
+    return p
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    return compare(build_parser().parse_args(argv))
+
+
+if __name__ == "__main__":
+    main()
