@@ -24,7 +24,7 @@ data-packages: $(STAMP)
 	$(BIN)/selection-callbacks packages --out data/packages
 
 demo: data
-	$(BIN)/python -m bench.demo --data $(DATA) --out $(RUN)
+	$(BIN)/python -m bench.harness.demo --data $(DATA) --out $(RUN)
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)

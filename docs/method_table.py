@@ -11,7 +11,7 @@ ratio 0.5, 3 paired seeds). Per row, from the comparison's ``results.json``:
 - its oracle's Δ, from the same comparison: the online oracle (target domains first in each superbatch)
   for online methods, the offline one (target domains first in the whole pool) for offline selectors;
 - share: Δ / oracle's Δ;
-- step ×: the in-run step-time ratio against random from ``bench.steptime``'s interleaved runs
+- step ×: the in-run step-time ratio against random from ``bench.harness.steptime``'s interleaved runs
   (``steptime.json``); an offline selector's training step is random's (1.00), the oracle reads labels;
 - wall ×: wall-clock to reach random's final bpb over random's, one-off costs charged:
   step × · (update tokens to random's final bpb / random's tokens) + one-offs / random's run, where the

@@ -1,4 +1,4 @@
-"""bench.demo end to end on a tiny corpus: both runs train, the table, demo.json and demo.png agree."""
+"""bench.harness.demo end to end on a tiny corpus: both runs train, the table, demo.json and demo.png agree."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from bench import demo
+from bench.harness import demo
 
 TINY = ["--model.config.n_layer", "1", "--model.config.n_embd", "32", "--model.config.n_head", "2",
         "--data.seq_len", "32", "--data.val_samples", "16"]

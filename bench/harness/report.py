@@ -106,10 +106,10 @@ def tuning_line(cfg: dict[str, Any]) -> str:
     if "tuned" not in cfg:
         return "Baseline tuning: not recorded (a comparison from before tuned baselines)."
     if cfg["tuned"] is None:
-        return "**Untuned baseline**: run with `--allow-untuned`; no `bench.tune` sweep set the learning rates."
+        return "**Untuned baseline**: run with `--allow-untuned`; no `bench.harness.tune` sweep set the learning rates."
     pairs = [line.strip() for line in cfg["tuned"].splitlines() if not line.lstrip().startswith("#")]
     values = ", ".join(pair for pair in pairs if pair.partition(":")[2].strip())
-    return f"Baseline tuned by `bench.tune` (`configs/tuned`): {values}."
+    return f"Baseline tuned by `bench.harness.tune` (`configs/tuned`): {values}."
 
 
 def load_summary(results: dict[str, Any]) -> str:

@@ -1,6 +1,6 @@
 """``make demo``: tuned random and RHO-LOSS on 16-token windows, trained side by side on one seed.
 
-    python -m bench.demo --data data/default --out runs/demo --steps 1000
+    python -m bench.harness.demo --data data/default --out runs/demo --steps 1000
 
 Two ``train.py`` runs start at once, one CPU thread each (``OMP_NUM_THREADS=1``): random selection
 and RHO-LOSS scored on a seeded 16-token window of each candidate (``configs/method/rho.yaml`` with
@@ -10,7 +10,7 @@ and RHO-LOSS scored on a seeded 16-token window of each candidate (``configs/met
 superbatches), the budget (``--steps`` steps of 16 kept sequences × 128 tokens, K = 16 of N = 32
 candidates a step: equal update tokens) and the learning-rate schedule, which decays over
 ``--steps``. Each validates ``--evals`` times, at every ``--steps / --evals`` steps. The defaults
-(1000 steps, 10 validations, seed 0) are the budget and validation points of ``bench.compare``'s
+(1000 steps, 10 validations, seed 0) are the budget and validation points of ``bench.harness.compare``'s
 default-corpus comparison, so the two runs are its seed-0 runs of ``random`` and ``rho@score_len=16``.
 
 While they train, one line per run every ``--progress_every`` seconds (its latest ``[train]`` line).
@@ -21,7 +21,7 @@ Then a table:
   RHO-LOSS's holds the pretraining of its reference on the target split (``reference_steps``);
 - wall-clock to random's final bpb: the first training second at which the run's val bpb is at
   most random's final val bpb, linearly interpolated between validations
-  (:func:`bench.report.crossing`), in seconds and as a fraction of random's train seconds;
+  (:func:`bench.harness.report.crossing`), in seconds and as a fraction of random's train seconds;
 - update tokens to random's final bpb: the same crossing over update tokens.
 
 ``OUT/demo.json`` holds these numbers with both curves, each run's CPU seconds (user + system: its
@@ -31,7 +31,7 @@ against update tokens and against train seconds, with random's final bpb as a li
 
 Example, a short run at a smaller context (flags after ``--`` go to both runs)::
 
-    python -m bench.demo --out runs/demo-short --steps 200 --evals 4 -- --data.seq_len 64
+    python -m bench.harness.demo --out runs/demo-short --steps 200 --evals 4 -- --data.seq_len 64
 """
 
 from __future__ import annotations
@@ -47,7 +47,7 @@ from typing import Any, TextIO
 
 from jsonargparse import ArgumentParser
 
-from bench.report import crossing
+from bench.harness.report import crossing
 
 ROOT = Path(__file__).resolve().parent.parent
 BASELINE = ["configs/scale/cpu-tiny.yaml", "configs/tuned/cpu-tiny-adamw.yaml"]
@@ -222,8 +222,8 @@ def load_average() -> float:
 
 
 def build_parser() -> ArgumentParser:
-    """The ``bench.demo`` arguments."""
-    p = ArgumentParser(prog="python -m bench.demo", description=__doc__.split("\n\n")[0])
+    """The ``bench.harness.demo`` arguments."""
+    p = ArgumentParser(prog="python -m bench.harness.demo", description=__doc__.split("\n\n")[0])
     p.add_argument("--data", type=str, default="data/default", help="folder holding pool.jsonl, target.jsonl and val.jsonl")
     p.add_argument("--out", type=str, default="runs/demo", help="folder for the runs, demo.json and demo.png")
     p.add_argument("--steps", type=int, default=1000, help="training steps of each run (16 × 128 update tokens each)")
