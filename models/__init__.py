@@ -9,21 +9,17 @@ resolves through it). The plugin, ``selection_callbacks``, never imports this pa
 
 from __future__ import annotations
 
-import importlib
 from typing import Any
 
-_EXPORTS = {
-    "LitLanguageModel": "models.language_model",
-    "LitGPT": "models.lit_gpt",
-    "LitCausalLM": "models.hf_causal_lm",
-}
+from models.language_model import LitLanguageModel
+from models.lit_gpt import LitGPT
 
-__all__ = sorted(_EXPORTS)
+__all__ = ["LitCausalLM", "LitGPT", "LitLanguageModel"]
 
 
 def __getattr__(name: str) -> Any:
-    if name not in _EXPORTS:
-        raise AttributeError(f"module 'models' has no attribute {name!r}")
-    value = getattr(importlib.import_module(_EXPORTS[name]), name)
-    globals()[name] = value
-    return value
+    if name == "LitCausalLM":  # transformers loads only when a Hugging Face learner is asked for
+        from models.hf_causal_lm import LitCausalLM
+
+        return LitCausalLM
+    raise AttributeError(f"module 'models' has no attribute {name!r}")
