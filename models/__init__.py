@@ -3,8 +3,7 @@
 ``language_model`` (``LitLanguageModel``: what they share, bits-per-byte validation, AdamW or
 Muon+AdamW), ``lit_gpt`` (``LitGPT``: the plugin's GPT as the learner), ``hf_causal_lm``
 (``LitCausalLM``: a Hugging Face causal LM built from its config). ``LitCausalLM`` loads on first
-use, so importing this package does not import transformers (``--model models.LitCausalLM``
-resolves through it). The plugin, ``selection_callbacks``, never imports this package.
+use (``--model models.LitCausalLM`` resolves through it). The plugin, ``selection_callbacks``, never imports this package.
 """
 
 from __future__ import annotations
@@ -18,7 +17,7 @@ __all__ = ["LitCausalLM", "LitGPT", "LitLanguageModel"]
 
 
 def __getattr__(name: str) -> Any:
-    if name == "LitCausalLM":  # transformers loads only when a Hugging Face learner is asked for
+    if name == "LitCausalLM":  # the Hugging Face wrapper loads only when asked for
         from models.hf_causal_lm import LitCausalLM
 
         return LitCausalLM
