@@ -33,7 +33,7 @@ LOSS_METHODS = {  # every online method whose scores read the learner's per-samp
     "greats": lambda **kw: GreatsSelection(ratio=0.5, score_len=16, sketch_dim=64, **kw),
     "high_loss": lambda **kw: HighLossSelection(ratio=0.5, **kw),
     "rho": lambda **kw: RhoLossSelection(ratio=0.5, **SMALL_PROXY, **kw),
-    "classact": lambda **kw: ClassActSelection(ratio=0.5, variant="paper", **SMALL_PROXY, **kw),
+    "classact": lambda **kw: ClassActSelection(ratio=0.5, variant="paper", online="learner", **SMALL_PROXY, **kw),
 }
 
 
@@ -262,7 +262,8 @@ class _NoLoss(L.LightningModule):
     (lambda: RhoLossSelection(0.5, **SMALL_PROXY), ["no per_sample_loss", "override build_proxy",
                                                     "pretrains its reference", "pass reference=CKPT"]),
     (lambda: ClassActSelection(0.5, variant="report"), ["override build_proxy"]),
-    (lambda: ClassActSelection(0.5, **SMALL_PROXY), ["no per_sample_loss", "override build_proxy", "target_batch"]),
+    (lambda: ClassActSelection(0.5, online="learner", **SMALL_PROXY), ["no per_sample_loss", "override build_proxy",
+                                                                       "target_batch"]),
     (lambda: OracleDomainSelection(0.5), ["has no domain_names"]),
 ])
 def test_every_missing_protocol_is_named_in_one_error_before_training(method, needs) -> None:

@@ -70,8 +70,8 @@ def _fit(corpus: dict[str, str], selector: ClassActSelection, steps: int, learne
 @pytest.mark.parametrize("sampling, temperature", [("top_k", 1.0), ("gumbel", 0.05)])
 def test_paper_variant_scores_where_the_math_says(trained: dict, sampling: str, temperature: float) -> None:
     """online = the learner, reference = the checkpoint trained on the target split."""
-    selector = ClassActSelection(ratio=0.5, variant="paper", reference=str(trained["ckpt"]), sampling=sampling,
-                                 temperature=temperature)
+    selector = ClassActSelection(ratio=0.5, variant="paper", online="learner", reference=str(trained["ckpt"]),
+                                 sampling=sampling, temperature=temperature)
     trainer = L.Trainer(accelerator="cpu", max_steps=1, callbacks=[selector], logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0)
     corpus = trained["corpus"]

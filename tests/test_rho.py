@@ -111,7 +111,7 @@ def test_pretrained_reference_reads_only_target_batches(trained: dict) -> None:
 
 def test_clear_errors(trained: dict, tmp_path: Path) -> None:
     with pytest.raises(ValueError, match="RhoLossSelection needs a reference"):
-        RhoLossSelection()
+        RhoLossSelection(reference_steps=0)
     with pytest.raises(ValueError, match="not both"):
         RhoLossSelection(reference="a.ckpt", reference_losses="a.npz")
     with pytest.raises(FileNotFoundError, match="reference checkpoint .* does not exist"):

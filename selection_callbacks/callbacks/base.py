@@ -35,9 +35,8 @@ __all__ = ["Scores", "SelectionCallback", "SelectionRecord", "fit_problems", "lo
 def logs_this_step(trainer: L.Trainer) -> bool:
     """Whether the Trainer writes this training step's logged values to its loggers: every ``log_every_n_steps``
     optimizer steps, every step under ``fast_dev_run`` (the check Lightning's LearningRateMonitor makes). A value
-    handed to ``pl_module.log`` on another step reaches no logger, yet costs Lightning about 0.5 ms a key (its
-    result collection moves every logged entry to the value's device, Lightning issue #20388): 16 keys a step
-    were 8 ms, 3% of a cpu-tiny step."""
+    handed to ``pl_module.log`` on another step reaches no logger, yet Lightning's result collection still moves
+    it to the value's device (Lightning issue #20388), so the callbacks log only on these steps."""
     connector = getattr(trainer, "_logger_connector", None)
     return connector is None or bool(connector.should_update_logs) or bool(trainer.fast_dev_run)
 
@@ -71,14 +70,17 @@ class SelectionCallback(L.Callback, ABC):
 
     Args:
         ratio: kept fraction ρ = K/N in (0, 1].
-        k: keep exactly this many per micro-batch instead (N < k is an error).
+        k: keep exactly this many per micro-batch instead (N < k is an error): set it to fix K
+            whatever the superbatch size.
         sampling: ``"top_k"``, ``"gumbel"`` (Gumbel-top-K), ``"uniform"`` or ``"boltzmann"``
             (sequential draws with the method's interaction penalty; temperature 0 is greedy).
         temperature: Gumbel-top-K temperature in score units.
         seed: selection seed.
         nonfinite: ``"error"`` raises on NaN/inf scores; ``"lowest"`` ranks them below every
-            finite score and logs ``select/nonfinite`` with a warning.
-        diagnostics_every: selections between a method's costly diagnostics (the first selection included).
+            finite score and logs ``select/nonfinite`` with a warning: set ``"lowest"`` when a few
+            rows' non-finite losses should not stop the run.
+        diagnostics_every: selections between a method's costly diagnostics (the first selection
+            included): lower it to see them more often, raise it to spend less time on them.
     """
 
     def __init__(
@@ -335,7 +337,7 @@ class SelectionCallback(L.Callback, ABC):
         for c in self._COUNTERS:
             setattr(self, c, type(getattr(self, c))(state_dict[c]))
         self.domain_counts = dict(state_dict["domain_counts"])
-        self.domain_candidates = dict(state_dict.get("domain_candidates", {}))  # absent in checkpoints before it was counted
+        self.domain_candidates = dict(state_dict.get("domain_candidates", {}))  # a checkpoint without it: none counted
         self.meter.load_state_dict(state_dict.get("cost", {}))
 
 

@@ -10,9 +10,10 @@ error before the first step. The needs:
   (``input_ids``, and ``labels`` when training batches carry them): the proxy batches of OPUS and
   GREATS without ``proxy=FILE``, the reference pretraining of RHO-LOSS and ClassAct without a
   reference checkpoint.
-- ``proxy builder``: RHO-LOSS and ClassAct build proxies like the learner: from a ``GPTConfig``
-  on the module (``pl_module.config``), from the datamodule's ``vocab_size``/``seq_len``, or from
-  an overridden ``build_proxy()`` returning any ``nn.Module`` with ``per_sample_loss``.
+- ``proxy builder``: RHO-LOSS and ClassAct build proxies like the learner: from the module's
+  ``config`` (a Hugging Face ``PretrainedConfig``: the same architecture; a ``GPTConfig``: the
+  plugin's GPT), from the datamodule's ``vocab_size``/``seq_len`` (the plugin's GPT), or from an
+  overridden ``build_proxy()`` returning any ``nn.Module`` with ``per_sample_loss``.
 - ``domain names``: the oracle maps ``domain`` codes to names through ``datamodule.domain_names``.
 """
 
@@ -22,6 +23,7 @@ from typing import Any
 
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.scoring.losses import PerSampleLoss
+from selection_callbacks.scoring.proxy_models import is_causal_lm_config
 
 __all__ = ["needs_domain_names", "needs_per_sample_loss", "needs_proxy_builder", "needs_target_batch"]
 
@@ -41,13 +43,16 @@ def needs_target_batch(datamodule: Any, who: str, why: str, instead: str) -> lis
 
 
 def needs_proxy_builder(builder_overridden: bool, pl_module: Any, datamodule: Any, who: str) -> list[str]:
-    if builder_overridden or isinstance(getattr(pl_module, "config", None), GPTConfig):
+    config = getattr(pl_module, "config", None)
+    if builder_overridden or isinstance(config, GPTConfig) or is_causal_lm_config(config):
         return []
     if hasattr(datamodule, "vocab_size") and hasattr(datamodule, "seq_len"):
         return []
-    return [f"{who} builds GPT proxies sized like the learner, but {type(pl_module).__name__} has no GPTConfig "
-            "`config` and the datamodule no vocab_size/seq_len: override build_proxy(trainer, pl_module, purpose) "
-            "to return an nn.Module with per_sample_loss(batch), or give the datamodule vocab_size and seq_len"]
+    return [f"{who} builds its proxies from the learner's `config` (a Hugging Face PretrainedConfig or a GPTConfig) "
+            f"or the datamodule's vocab_size and seq_len, and {type(pl_module).__name__} has neither config while "
+            f"{_datamodule(datamodule)} has no vocab_size/seq_len: give the learner such a config, give the "
+            "datamodule vocab_size and seq_len, or override build_proxy(trainer, pl_module, purpose) to return an "
+            "nn.Module with per_sample_loss(batch)"]
 
 
 def needs_domain_names(datamodule: Any, who: str) -> list[str]:

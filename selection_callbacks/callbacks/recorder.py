@@ -183,7 +183,7 @@ class RunRecorder(L.Callback):
         self.domain_history = [list(p) for p in state_dict["domain_history"]]
         self.selection_curve = [list(p) for p in state_dict.get("selection_curve", [])]  # absent in older checkpoints
         self._train_seconds = float(state_dict["train_seconds"])
-        load = state_dict.get("load", {})  # absent in checkpoints written before load was recorded
+        load = state_dict.get("load", {})  # a checkpoint without it: no load recorded
         self._other_cpu_seconds = float(load.get("other_cpu_seconds") or 0.0)
         self._load_wall_seconds = float(load.get("wall_seconds", 0.0))
         self.load_history = [list(p) for p in load.get("history", [])]

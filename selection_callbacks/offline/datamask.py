@@ -230,8 +230,8 @@ def datamask(
             paper: 0.05–0.1); each iteration's masks have S·fraction documents drawn from it.
         chunk_size: chunks of at most this many documents are learned independently, each
             selecting its share of S. The iterations a chunk needs grow about linearly with its
-            size (each iteration's signal per logit scales with √(G/chunk)); ``bench/datamask_scale.py``
-            finds where the objective plateaus (``bench/results/datamask/scale.json``).
+            size (each iteration's signal per logit scales with √(G/chunk)): raise ``iterations``
+            with it.
         diversity: ``"pairwise"`` (−mean pairwise cosine) or ``"facility"`` (mean over a sampled
             reference set of the best cosine inside the mask).
         reference_size: reference documents per chunk for facility location.

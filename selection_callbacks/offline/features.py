@@ -29,11 +29,9 @@ seconds and peak memory of each stage; both are kept in ``meta`` (``proxy_sample
 
 The proxy's cost is bounded by ``proxy_tokens`` (training) and ``score_tokens`` × documents
 (scoring, forward only), not by the pool's size. The default budget, 8M tokens (1,954 steps of
-32 × 128), was chosen by measurement on the default corpus (7M tokens): at 4M the subsets of the
-policy, DATAMASK and AutoData train to val bpb within seed noise of the full-pass bank's, but
-warmup delta's are worse by 0.14 bpb (three times the change from another proxy seed), so the
-default keeps one full pass on pools up to 8M tokens and samples beyond
-(``bench/results/feature-bank/README.md``). On a 112 MB pool it is 7% of a pass.
+32 × 128), is one full pass on pools up to 8M tokens and a sample of every document's prefix
+beyond; lower it to bound the bank's cost on a larger pool, knowing warmup delta's ranking moves
+with it (:mod:`selection_callbacks.offline.warmup_delta`).
 """
 
 from __future__ import annotations
@@ -267,9 +265,9 @@ def proxy_features(
     ``proxy_tokens``; windows in an order seeded by ``cfg.seed``) and scores every document's first
     ``score_tokens`` tokens at both checkpoints (forward passes only). Every document gives the
     same kind of sample, so no document's scores differ by whether it happened to be drawn: with a
-    uniform sample of windows, drawn documents score as memorised and the others as held out, and
-    on the default corpus that split alone moved warmup delta's, DATAMASK's and AutoData's subsets
-    (``bench/results/feature-bank/README.md``). The second value says what the proxy saw.
+    uniform sample of windows, drawn documents would score as memorised and the others as held
+    out, and that split alone would move the subsets the bank's features select. The second value
+    says what the proxy saw.
     """
     if not 0.0 < cfg.early_fraction < 1.0:
         raise ValueError(f"early_fraction must lie in (0, 1), got {cfg.early_fraction}")

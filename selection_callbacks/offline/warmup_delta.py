@@ -13,8 +13,7 @@ rest of the pool taught the proxy about x. Past q the scored tokens are held out
 much more predictable x becomes from learning the pool, without having read that part of x.
 Every document is treated alike, so Δ ranks documents by what is learnable in them, not by
 whether they were drawn. A smaller sample also means a shorter run, whose 10% checkpoint comes
-earlier: on the default corpus a 4M-token proxy kept 83% of the one-pass subset, but that subset
-trained to 0.14 bpb worse (``bench/results/feature-bank/README.md``).
+after fewer tokens, so a smaller ``bank.proxy_tokens`` changes the ranking, not only its cost.
 
 Plain top-K of Δ picks foreign-language text (top tail) and corrupted text (as the report finds), so
 documents with Δ above the (100 − ``trim_high``)-th percentile or below the ``trim_low``-th

@@ -1,14 +1,17 @@
 """Small proxy language models next to the learner: build, train one step, count the cost, checkpoint.
 
-A proxy is any ``nn.Module`` with the per-sample loss protocol (``per_sample_loss(batch) -> [N]``);
-:class:`ProxyLM` is the default, a :class:`selection_callbacks.nn.gpt.GPT` of its own shape. :class:`Proxy` pairs a
-module with its AdamW optimizer and step counter (or none: a frozen reference), and every forward
-or backward it runs is counted in a :class:`CostMeter`.
+A proxy is any ``nn.Module`` with the per-sample loss protocol (``per_sample_loss(batch) -> [N]``):
+:class:`ProxyLM`, a :class:`selection_callbacks.nn.gpt.GPT` of its own shape, or :class:`CausalLMProxy`, a
+Hugging Face causal LM of the learner's architecture at the proxy's size (:func:`causal_lm_proxy_config`;
+transformers is imported only when the learner is one). :class:`Proxy` pairs a module with its AdamW
+optimizer and step counter (or none: a frozen reference), and every forward or backward it runs is
+counted in a :class:`CostMeter`.
 """
 
 from __future__ import annotations
 
 import math
+import sys
 from collections.abc import MutableMapping
 from typing import Any
 
@@ -21,7 +24,10 @@ from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.core.rng import derived_seed
 from selection_callbacks.scoring.losses import per_sample_loss, sequence_means, token_losses
 
-__all__ = ["Proxy", "ProxyLM", "check_reference_fits", "padded_vocab", "pretrain_on_target", "seeded_proxy"]
+__all__ = [
+    "CausalLMProxy", "Proxy", "ProxyLM", "causal_lm_proxy_config", "check_reference_fits", "is_causal_lm_config",
+    "padded_vocab", "pretrain_on_target", "seeded_proxy",
+]
 
 
 class ProxyLM(nn.Module):
@@ -37,11 +43,87 @@ class ProxyLM(nn.Module):
         return sequence_means(nll, mask)
 
 
-def seeded_proxy(config: GPTConfig, seed: int, purpose: str) -> ProxyLM:
-    """A :class:`ProxyLM` whose initial weights depend only on (seed, purpose), not on the global RNG."""
+class CausalLMProxy(nn.Module):
+    """A Hugging Face causal LM with the per-sample loss protocol: ``per_sample_loss(batch)`` → [N] mean token loss.
+
+    The model is ``AutoModelForCausalLM.from_config(config)`` (random init, nothing downloaded); the loss
+    is :func:`token_losses` of its logits, averaged over each row's ``loss_mask`` like :class:`ProxyLM`'s.
+
+    Args:
+        config: a transformers ``PretrainedConfig`` of a causal LM (e.g. from :func:`causal_lm_proxy_config`).
+
+    Example::
+
+        proxy = CausalLMProxy(causal_lm_proxy_config(learner.config, layers=2, width=128, heads=4))
+        losses = proxy.per_sample_loss({"input_ids": ids})  # [N]
+    """
+
+    def __init__(self, config: Any) -> None:
+        super().__init__()
+        from transformers import AutoModelForCausalLM  # a learner of this architecture has loaded transformers
+
+        self.config = config
+        self.model = AutoModelForCausalLM.from_config(config)
+
+    def per_sample_loss(self, batch: MutableMapping) -> torch.Tensor:
+        logits = self.model(input_ids=batch["input_ids"], use_cache=False).logits
+        nll, mask, _ = token_losses(logits, batch)
+        return sequence_means(nll, mask)
+
+
+def is_causal_lm_config(config: object) -> bool:
+    """Whether ``config`` is a transformers ``PretrainedConfig`` (checked only when transformers is loaded)."""
+    transformers = sys.modules.get("transformers")
+    return transformers is not None and isinstance(config, transformers.PretrainedConfig)
+
+
+def causal_lm_proxy_config(learner: Any, layers: int, width: int, heads: int) -> Any:
+    """The learner's transformers config at ``layers`` × ``width`` with ``heads`` attention heads.
+
+    Vocabulary, context and every other field stay the learner's; the MLP's inner size keeps its ratio
+    to the width (``intermediate_size`` or GPT-2's ``n_inner``, when set), grouped-query attention keeps
+    its heads-per-group ratio (``num_key_value_heads`` divides ``heads``), and the fields a config class
+    derives from the sizes (``head_dim``, ``layer_types``) are derived again. GPT-2-style names
+    (``n_layer``, ``n_embd``, ``n_head``) are reached through the config's ``attribute_map``.
+
+    Args:
+        learner: the learner's ``PretrainedConfig`` (not modified).
+        layers, width, heads: the proxy's hidden layers, hidden size and attention heads.
+
+    Returns:
+        a new config of the learner's class.
+
+    Raises:
+        ValueError: ``width`` is not a multiple of ``heads``.
+
+    Example::
+
+        causal_lm_proxy_config(LlamaConfig(hidden_size=512, num_hidden_layers=8), 2, 128, 4).hidden_size  # 128
+    """
+    if width % heads:
+        raise ValueError(f"proxy_width={width} must be a multiple of proxy_heads={heads}")
+    fields, names = learner.to_dict(), learner.attribute_map
+    for key in ("intermediate_size", "n_inner"):
+        if fields.get(key) is not None:
+            fields[key] = max(1, round(fields[key] * width / learner.hidden_size))
+    if fields.get("num_key_value_heads") is not None:
+        kv_heads = max(1, heads * fields["num_key_value_heads"] // learner.num_attention_heads)
+        fields["num_key_value_heads"] = math.gcd(kv_heads, heads)
+    for key in ("head_dim", "layer_types"):
+        fields.pop(key, None)
+    sizes = {"num_hidden_layers": layers, "hidden_size": width, "num_attention_heads": heads}
+    fields.update({names.get(key, key): value for key, value in sizes.items()})
+    return type(learner).from_dict(fields)
+
+
+def seeded_proxy(config: Any, seed: int, purpose: str) -> nn.Module:
+    """A proxy whose initial weights depend only on (seed, purpose), not on the global RNG.
+
+    ``config``: a :class:`GPTConfig` (a :class:`ProxyLM`) or a transformers config (a :class:`CausalLMProxy`).
+    """
     with torch.random.fork_rng(devices=[]):
         torch.manual_seed(derived_seed(seed, 0, 0, purpose))
-        return ProxyLM(config)
+        return ProxyLM(config) if isinstance(config, GPTConfig) else CausalLMProxy(config)
 
 
 def check_reference_fits(module: nn.Module, vocab_size: int | None, seq_len: int | None, what: str) -> None:

@@ -28,7 +28,9 @@ from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.proxy_models import (
     Proxy,
+    causal_lm_proxy_config,
     check_reference_fits,
+    is_causal_lm_config,
     padded_vocab,
     pretrain_on_target,
     seeded_proxy,
@@ -40,8 +42,10 @@ class ProxySelection(SelectionCallback):
 
     Subclasses add their models in :meth:`create_proxies` (with :meth:`add_proxy` and
     :meth:`add_reference`) and score with :meth:`learner_losses` and ``self.proxies[name].losses``.
-    The frozen reference is the LitGPT of ``reference`` (a ``train.py`` checkpoint) or, without one,
-    a fresh proxy pretrained for ``reference_steps`` AdamW steps on ``reference_batch_size`` target
+    A proxy is ``proxy_layers`` × ``proxy_width`` of the learner's architecture (:meth:`proxy_config`)
+    with initial weights drawn from (seed, purpose) alone, or what an overridden :meth:`build_proxy`
+    returns. The frozen reference is the GPT of ``reference`` (a ``train.py`` checkpoint) or, without
+    one, a fresh proxy pretrained for ``reference_steps`` AdamW steps on ``reference_batch_size`` target
     sequences per step. The pretraining runs in the first scoring call, so its time and passes count
     in the run's wall-clock, ``select/overhead_ms`` and the cost metrics.
 
@@ -56,7 +60,7 @@ class ProxySelection(SelectionCallback):
         ratio, k, sampling, temperature, seed, nonfinite, diagnostics_every: see :class:`SelectionCallback`.
         proxy_layers: layers of the proxies this callback builds.
         proxy_width: their width (n_embd); vocabulary and context follow the learner.
-        proxy_heads: their attention heads.
+        proxy_heads: their attention heads; set it when ``proxy_width`` is not a multiple of 4.
         reference: a reference checkpoint (``train.py`` on the target split); None: pretrain one.
         reference_steps: pretraining steps of the reference when ``reference`` is None.
         reference_batch_size: target sequences per pretraining step.
@@ -71,11 +75,11 @@ class ProxySelection(SelectionCallback):
         seed: int = 0,
         nonfinite: Literal["error", "lowest"] = "error",
         diagnostics_every: int = 100,
-        proxy_layers: int = 4,
-        proxy_width: int = 256,
+        proxy_layers: int = 2,
+        proxy_width: int = 128,
         proxy_heads: int = 4,
         reference: str | None = None,
-        reference_steps: int = 0,
+        reference_steps: int = 300,
         reference_batch_size: int = 16,
     ) -> None:
         if sampling not in ("top_k", "gumbel"):
@@ -123,18 +127,27 @@ class ProxySelection(SelectionCallback):
         """
         return seeded_proxy(self.proxy_config(trainer, pl_module), self.seed, purpose)
 
-    def proxy_config(self, trainer: L.Trainer, pl_module: L.LightningModule) -> GPTConfig:
-        """``proxy_layers`` × ``proxy_width`` GPT with the learner's vocabulary and context."""
+    def proxy_config(self, trainer: L.Trainer, pl_module: L.LightningModule) -> Any:
+        """The proxies' architecture at ``proxy_layers`` × ``proxy_width`` with ``proxy_heads`` heads.
+
+        The first that applies: the learner's own transformers architecture and vocabulary when
+        ``pl_module.config`` is a Hugging Face ``PretrainedConfig`` (:func:`causal_lm_proxy_config`);
+        the plugin's GPT with the vocabulary and context of the learner's :class:`GPTConfig`; that GPT
+        with the datamodule's ``vocab_size`` (rounded up to 64) and ``seq_len``.
+
+        Raises:
+            ValueError: none applies (the message names the three ways and :meth:`build_proxy`).
+        """
         learner = getattr(pl_module, "config", None)
+        if is_causal_lm_config(learner):
+            return causal_lm_proxy_config(learner, self.proxy_layers, self.proxy_width, self.proxy_heads)
         if isinstance(learner, GPTConfig):
             vocab, block = learner.vocab_size, learner.block_size
         else:
             dm = getattr(trainer, "datamodule", None)
-            if not hasattr(dm, "vocab_size") or not hasattr(dm, "seq_len"):
-                raise ValueError(
-                    f"{type(self).__name__} sizes its proxies from the learner's GPTConfig or the datamodule's "
-                    "vocab_size/seq_len; neither is available: override build_proxy()"
-                )
+            problems = needs_proxy_builder(False, pl_module, dm, type(self).__name__)
+            if problems:
+                raise ValueError(problems[0])
             vocab, block = padded_vocab(dm.vocab_size), dm.seq_len
         return GPTConfig(vocab_size=vocab, block_size=block, n_layer=self.proxy_layers, n_head=self.proxy_heads,
                          n_embd=self.proxy_width)

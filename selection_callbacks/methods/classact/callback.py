@@ -22,12 +22,12 @@ class ClassActSelection(ProxySelection):
     teachers"; the LM adaptation of the data-selection report). Two variants:
 
     - ``"paper"``: the reference is frozen and trained on the target split: a ``train.py``
-      checkpoint (``reference``), or a ``proxy_layers`` × ``proxy_width`` GPT pretrained at
-      ``reference_lr_scale · proxy_lr`` for ``reference_steps`` steps of
-      ``reference_batch_size`` target sequences before the first selection. The online model is
-      the learner itself (``online="learner"``, no extra model) or a small proxy trained at
-      ``proxy_lr`` on the selected rows (``online="proxy"``).
-    - ``"report"``: two small proxies of the same initial weights, trained on every micro-batch:
+      checkpoint (``reference``), or a proxy pretrained at ``reference_lr_scale · proxy_lr`` for
+      ``reference_steps`` steps of ``reference_batch_size`` target sequences before the first
+      selection. The online model (the actor) is a proxy trained at ``proxy_lr`` on the selected
+      rows (``online="proxy"``, as in the paper) or the learner itself (``online="learner"``, no
+      extra model; the score is then RHO-LOSS's).
+    - ``"report"``: two proxies of the same initial weights, trained on every micro-batch:
       the online one at ``proxy_lr`` on the K selected rows (it stands in for the learner, which
       trains on them), the reference at ``reference_lr_scale · proxy_lr`` on all N candidates.
       A high score then means the faster learner has learned z more. Per micro-batch this costs
@@ -35,10 +35,13 @@ class ClassActSelection(ProxySelection):
       plus a forward/backward over N: the report's "online 3 fwd + 1 bwd, reference 3 fwd +
       3 bwd" at ρ = 1/3, plus the training forwards (logged as ``select/cost/*``).
 
-    Proxies train on the global candidate rows (``SelectionRecord.batch``), so under DDP every
-    rank holds the same proxies. They step once per micro-batch with AdamW (betas 0.9/0.95, no
-    weight decay, constant learning rate), run under the learner's precision, and are saved with
-    the callback's state (weights, optimizer states, step counters).
+    Every proxy is ``proxy_layers`` × ``proxy_width`` of the learner's architecture
+    (:meth:`ProxySelection.proxy_config`: a Hugging Face learner's own, else the plugin's GPT) or
+    what an overridden ``build_proxy`` returns. Proxies train on the global candidate rows
+    (``SelectionRecord.batch``), so under DDP every rank holds the same proxies. They step once per
+    micro-batch with AdamW (betas 0.9/0.95, no weight decay, constant learning rate), run under the
+    learner's precision, and are saved with the callback's state (weights, optimizer states, step
+    counters).
 
     Example::
 
@@ -46,22 +49,23 @@ class ClassActSelection(ProxySelection):
 
     Args:
         ratio: kept fraction ρ = K/N.
-        variant: ``"paper"`` (frozen reference) or ``"report"`` (both proxies trained online).
-        online: ``"learner"`` or ``"proxy"``; default ``"learner"`` for the paper variant, and the
-            report variant always uses a proxy.
+        variant: ``"paper"`` (frozen reference) or ``"report"`` (both proxies trained online, no
+            target split needed).
+        online: ``"proxy"`` (the actor) or ``"learner"``: set ``"learner"`` to skip the actor's cost
+            when scoring with the learner's own loss is wanted; the report variant takes ``"proxy"`` only.
         reference: paper variant: a reference checkpoint trained on the target split (see
             :mod:`selection_callbacks.methods.rho.callback` for the command); None: pretrain one.
         reference_steps: paper variant without ``reference``: pretraining steps on the target split.
         reference_batch_size: target sequences per pretraining step.
         proxy_layers: layers of the proxies built here.
         proxy_width: their width; vocabulary and context follow the learner.
-        proxy_heads: their attention heads.
+        proxy_heads: their attention heads; set it when ``proxy_width`` is not a multiple of 4.
         proxy_lr: learning rate of the online proxy.
         reference_lr_scale: the reference learns at this multiple of ``proxy_lr``.
-        sampling: ``"top_k"`` or ``"gumbel"``.
+        sampling: ``"top_k"`` or ``"gumbel"``: set ``"gumbel"`` to draw K by score rather than take the top K.
         temperature: Gumbel-top-K temperature in nats.
-        seed: selection seed; also seeds the proxies' initial weights and pretraining batches.
-        k: keep exactly this many instead of ratio·N.
+        seed: selection seed; also draws the proxies' initial weights and pretraining batches.
+        k: keep exactly this many instead of ratio·N: set it to fix K whatever the superbatch size.
         nonfinite: see :class:`SelectionCallback`.
     """
 
@@ -69,12 +73,12 @@ class ClassActSelection(ProxySelection):
         self,
         ratio: float = 0.5,
         variant: Literal["paper", "report"] = "paper",
-        online: Literal["learner", "proxy"] | None = None,
+        online: Literal["proxy", "learner"] = "proxy",
         reference: str | None = None,
         reference_steps: int = 300,
         reference_batch_size: int = 16,
-        proxy_layers: int = 4,
-        proxy_width: int = 256,
+        proxy_layers: int = 2,
+        proxy_width: int = 128,
         proxy_heads: int = 4,
         proxy_lr: float = 1e-3,
         reference_lr_scale: float = 2.0,
@@ -91,6 +95,8 @@ class ClassActSelection(ProxySelection):
         )
         if variant not in ("paper", "report"):
             raise ValueError(f"variant must be 'paper' or 'report', got {variant!r}")
+        if online not in ("proxy", "learner"):
+            raise ValueError(f"online must be 'proxy' or 'learner', got {online!r}")
         if variant == "report" and (online == "learner" or reference is not None):
             raise ValueError(
                 "the report variant trains both proxies online: it takes neither online='learner' nor a reference"
@@ -103,7 +109,7 @@ class ClassActSelection(ProxySelection):
         if not (proxy_lr > 0 and reference_lr_scale > 0):
             raise ValueError(f"proxy_lr and reference_lr_scale must be > 0, got {proxy_lr}, {reference_lr_scale}")
         self.variant = variant
-        self.online = online or ("proxy" if variant == "report" else "learner")
+        self.online = online
         self.proxy_lr, self.reference_lr_scale = proxy_lr, reference_lr_scale
         self._mean_losses: tuple[float, float] | None = None
 

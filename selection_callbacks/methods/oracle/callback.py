@@ -27,9 +27,10 @@ class OracleDomainSelection(SelectionCallback):
     Args:
         ratio: kept fraction ρ = K/N.
         target_domains: domain names to prefer; by default the domains of the datamodule's
-            target split (``trainer.datamodule.splits["target"].domain_names``).
+            target split (``trainer.datamodule.splits["target"].domain_names``): set it when the
+            target split carries no domain labels or another set of domains is wanted.
         seed: seed of the random order within and outside the target domains.
-        k: keep exactly this many instead of ratio·N.
+        k: keep exactly this many instead of ratio·N: set it to fix K whatever the superbatch size.
     """
 
     def __init__(

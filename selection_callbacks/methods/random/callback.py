@@ -20,7 +20,7 @@ class RandomSelection(SelectionCallback):
     Args:
         ratio: kept fraction ρ = K/N.
         seed: selection seed.
-        k: keep exactly this many instead of ratio·N.
+        k: keep exactly this many instead of ratio·N: set it to fix K whatever the superbatch size.
     """
 
     def __init__(self, ratio: float = 0.5, seed: int = 0, k: int | None = None) -> None:

@@ -3,8 +3,8 @@
 The reference is a model trained on the target split (never val): a ``train.py`` checkpoint
 scored on the fly (``reference``), losses precomputed once per pool sequence and looked up by
 ``sample_id`` (``reference_losses``, from ``selection-callbacks reference-losses``), or, with
-neither, a proxy pretrained on the target split when training starts (what ``bench.compare``
-runs). The README's "ClassAct and RHO-LOSS" section has the commands that train and precompute it.
+neither, a proxy pretrained on the target split when training starts. The method card
+(``README.md`` beside this file) has the commands that train and precompute one.
 """
 
 from __future__ import annotations
@@ -29,12 +29,13 @@ class RhoLossSelection(ProxySelection):
     ℓ_ref comes from one of: ``reference_losses`` (a file precomputed by
     :mod:`selection_callbacks.offline.reference_losses`, looked up by ``sample_id``; checked
     against the pool and ``seq_len`` at setup), ``reference`` (a checkpoint, one frozen forward
-    per step), or, when neither is given, a ``proxy_layers`` × ``proxy_width`` GPT pretrained
-    for ``reference_steps`` steps on the target split before the first selection. The learner's forward and any
-    reference forward are counted in ``select/cost/*``. With ``score_len`` = L both models score a seeded
-    random L-token window of each candidate instead of the whole sequence (L/T of the forwards; on
-    the default corpus the windows' learnability ranks candidates with median Spearman 0.91 against
-    the whole sequences' at L = 16, T = 128: ``bench/results/steptime/window-learnability.md``).
+    per step), or, when neither is given, a ``proxy_layers`` × ``proxy_width`` proxy of the
+    learner's architecture (:meth:`ProxySelection.proxy_config`: a Hugging Face learner's own,
+    else the plugin's GPT) pretrained at ``reference_lr`` for ``reference_steps`` steps on the
+    target split before the first selection. The learner's forward and any reference forward are
+    counted in ``select/cost/*``. With ``score_len`` = L both models score the same seeded random
+    L-token window of each candidate instead of the whole sequence ([N, L] instead of [N, T]: L/T
+    of the forwards).
 
     Example::
 
@@ -42,21 +43,27 @@ class RhoLossSelection(ProxySelection):
 
     Args:
         ratio: kept fraction ρ = K/N.
-        reference: a reference checkpoint (``train.py`` on the target split; command in the module docstring).
-        reference_losses: a precomputed ``.npz`` of ℓ_ref per pool sequence.
+        reference: a reference checkpoint (``train.py`` on the target split; command in the method card).
+        reference_losses: a precomputed ``.npz`` of ℓ_ref per pool sequence: set it to score without a
+            reference forward per step.
         reference_steps: without either: pretraining steps of a reference on the target split.
         reference_batch_size: target sequences per pretraining step.
         reference_lr: AdamW learning rate of that pretraining (constant).
         score_len: score a seeded random window of this many tokens per candidate (None: the whole
-            sequence). Not with ``reference_losses``, which hold whole-sequence losses.
+            sequence): set it to cut the scoring forwards when T is long. Not with ``reference_losses``,
+            which hold whole-sequence losses.
         proxy_layers: layers of the pretrained reference.
         proxy_width: its width; vocabulary and context follow the learner.
-        proxy_heads: its attention heads.
-        sampling: ``"top_k"`` or ``"gumbel"``.
+        proxy_heads: its attention heads; set it when ``proxy_width`` is not a multiple of 4.
+        sampling: ``"top_k"`` or ``"gumbel"``: set ``"gumbel"`` to draw K by score rather than take the top K.
         temperature: Gumbel-top-K temperature in nats.
-        seed: selection seed; also seeds the pretrained reference.
-        k: keep exactly this many instead of ratio·N.
+        seed: selection seed; also draws the pretrained reference's initial weights and batches.
+        k: keep exactly this many instead of ratio·N: set it to fix K whatever the superbatch size.
         nonfinite: see :class:`SelectionCallback`.
+
+    Raises:
+        ValueError: both or neither reference source (with ``reference_steps`` = 0), ``reference_lr`` ≤ 0,
+            ``score_len`` < 1, or ``score_len`` with ``reference_losses``.
     """
 
     def __init__(
@@ -64,12 +71,12 @@ class RhoLossSelection(ProxySelection):
         ratio: float = 0.5,
         reference: str | None = None,
         reference_losses: str | None = None,
-        reference_steps: int = 0,
+        reference_steps: int = 300,
         reference_batch_size: int = 16,
         reference_lr: float = 2e-3,
         score_len: int | None = None,
-        proxy_layers: int = 4,
-        proxy_width: int = 256,
+        proxy_layers: int = 2,
+        proxy_width: int = 128,
         proxy_heads: int = 4,
         sampling: Literal["top_k", "gumbel"] = "top_k",
         temperature: float = 1.0,
