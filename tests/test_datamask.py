@@ -13,6 +13,7 @@ import torch
 
 from selection_callbacks.data.subset import read_subset
 from selection_callbacks.offline import datamask as dm
+from selection_callbacks.offline import quality
 from selection_callbacks.offline.corpus import Budget, load_corpus
 from selection_callbacks.offline.features import FeatureBank
 from selection_callbacks.offline.select import run_selection
@@ -196,12 +197,12 @@ def test_bank_quality_signs() -> None:
     cols = {"dsir": np.array([1.0, 0.0, 0.0]), "grad_align": np.array([0.2, 0.0, 0.0]),
             "distinct_3": np.array([0.9, 0.9, 0.1]), "non_ascii": np.array([0.0, 0.0, 0.0])}
     bank = FeatureBank(ids=np.array(["a", "b", "c"]), domains=np.array(["x"] * 3), columns=cols, meta={})
-    q = dm.bank_quality(bank)
+    q = quality.bank_quality(bank)
     assert q[0] > q[1] > q[2]
 
 
 def test_text_heuristics_flag_repetition_and_noise() -> None:
     texts = ["the model reads data and learns which tokens follow", "abab" * 200, "Ǜ∂ßƒ©˙∆˚¬…æ" * 5]
-    h = dm.text_heuristics(texts)
+    h = quality.text_heuristics(texts)
     assert h[0, 0] > 0.9 > 0.1 > h[1, 0]
     assert h[0, 1] > 0.9 > 0.1 > h[2, 1]

@@ -27,7 +27,6 @@ cheap heuristics, a document or token budget).
 
 from __future__ import annotations
 
-import re
 import time
 from dataclasses import dataclass, field
 
@@ -38,11 +37,12 @@ from tqdm.auto import tqdm
 from selection_callbacks.core.sampling import gumbel_noise
 from selection_callbacks.offline.corpus import Budget, Corpus, Selection
 from selection_callbacks.offline.embeddings import make_embedder
-from selection_callbacks.offline.features import FeatureBank, FeatureConfig, feature_bank
+from selection_callbacks.offline.features import FeatureConfig, feature_bank
+from selection_callbacks.offline.quality import bank_quality, heuristic_quality, standardise
 
 __all__ = [
-    "BANK_QUALITY", "DIVERSITIES", "DatamaskConfig", "DatamaskResult", "bank_quality", "datamask", "gumbel_top_s",
-    "heuristic_quality", "mask_selection", "mask_sums", "pairwise_diversity", "plackett_luce_grad", "select_datamask", "standardise",
+    "DIVERSITIES", "DatamaskConfig", "DatamaskResult", "datamask", "gumbel_top_s",
+    "mask_selection", "mask_sums", "pairwise_diversity", "plackett_luce_grad", "select_datamask",
     "text_heuristics",
 ]
 
@@ -147,13 +147,6 @@ def plackett_luce_grad(logits: torch.Tensor, orders: torch.Tensor, weights: torc
         dense.scatter_(1, o, 1.0 - drawn * c)  # 1 − e^{L_j}·c_{pos(j)} for the drawn
         grad += w @ dense
     return grad
-
-
-def standardise(x: np.ndarray) -> np.ndarray:
-    """(x − mean)/std, zeros when x is constant."""
-    x = np.asarray(x, dtype=np.float64)
-    sd = x.std()
-    return (x - x.mean()) / sd if sd > 0 else np.zeros_like(x)
 
 
 class _Objective:
@@ -381,48 +374,6 @@ def _learn(
         curve.append(float(f.mean()))
         bar.set_postfix(f=f"{curve[-1]:.4f}", refresh=False)
     return logits, curve
-
-
-_CLEAN = re.compile(r"[A-Za-z0-9\s.,;:!?'\"()\[\]{}<>=+\-*/_#%&@|\\`~^$]")
-BANK_QUALITY = (("dsir", 1.0), ("grad_align", 1.0), ("distinct_3", 1.0), ("non_ascii", -1.0))
-"""Feature-bank columns of :func:`bank_quality` with their signs."""
-
-
-def _mean_z(columns: list[np.ndarray]) -> np.ndarray:
-    """Mean of the columns' z-scores, each clipped to ±3 (NaN counts as the column mean)."""
-    return np.mean([np.clip(standardise(np.nan_to_num(c, nan=float(np.nanmean(c)))), -3, 3) for c in columns], axis=0)
-
-
-def bank_quality(bank: FeatureBank) -> np.ndarray:
-    """Quality from the feature bank [D]: the mean clipped z-score of the signed :data:`BANK_QUALITY` columns.
-
-    DSIR importance and gradient alignment to the target (higher is closer), the distinct word-3-gram
-    ratio (low is repetitive) and minus the non-ASCII byte share (corrupted or non-English text).
-    """
-    return _mean_z([sign * bank.columns[name].astype(np.float64) for name, sign in BANK_QUALITY])
-
-
-def text_heuristics(texts: list[str], max_chars: int = 4000) -> np.ndarray:
-    """Per document [n, 2]: distinct character-8-gram ratio and the share of plain ASCII text characters.
-
-    Low distinct ratio flags repetition; a low clean share flags corrupted or non-text bytes.
-    Both read the first ``max_chars`` characters.
-    """
-    out = np.zeros((len(texts), 2))
-    for i, t in enumerate(texts):
-        t = t[:max_chars]
-        grams = [t[k : k + 8] for k in range(max(len(t) - 7, 0))]
-        out[i, 0] = len(set(grams)) / len(grams) if grams else 0.0
-        out[i, 1] = len(_CLEAN.findall(t)) / len(t) if t else 0.0
-    return out
-
-
-def heuristic_quality(texts: list[str], emb: np.ndarray, target_emb: np.ndarray) -> np.ndarray:
-    """Quality without the feature bank (no proxy training) [n]: the mean clipped z-score of the
-    cosine to the target's mean embedding and the two :func:`text_heuristics`."""
-    centroid = target_emb.mean(0)
-    centroid /= max(float(np.linalg.norm(centroid)), 1e-12)
-    return _mean_z([emb @ centroid, *text_heuristics(texts).T])
 
 
 @dataclass
