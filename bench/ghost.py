@@ -12,13 +12,9 @@ its own subprocess so peak RSS only rises within it:
 - ``floor``: one plain forward + backward over the same tokens (parameter ``.grad``).
 With ``--maps`` the engine is also timed with AdamW's sketch from P G_i formed in every layer
 (``engine_formed``) and through the rescaled rank-1 factors of D in every layer (``engine_factored``; the
-engine's default takes the factors where ρ ≤ ``FACTOR_TOLERANCE``), with its other
-utility maps: ``engine_adamw_proxy_in_v``
-(AdamW with ḡ² in v), and on a Muon + AdamW optimizer ``engine_muon`` (Newton–Schulz VJPs at 8
-draws of a K = N/2 row batch), ``engine_muon_mirrored`` (two VJPs: one drawn batch and its mirror image
-about the candidates' mean), ``engine_muon_momentum`` (one VJP at the momentum), ``engine_muon_moments``
-(one VJP at the momentum with a K = N/2 row batch's expected moments from the candidates) and
-``engine_muon_frozen`` (utilities through the frozen Newton–Schulz map, the maps before the VJP).
+engine's default takes the factors where ρ ≤ ``FACTOR_TOLERANCE``), and on a Muon + AdamW optimizer
+``engine_muon_momentum`` (one VJP at the momentum) and ``engine_muon_frozen`` (utilities through the
+frozen Newton–Schulz map, the maps before the VJP).
 On CPU, memory is the peak RSS increase of the first call over the state right before it (the
 kernel's high-water mark reset through /proc/self/clear_refs; glibc's mmap threshold fixed so
 freed tensors leave RSS); time, measured in a second process with the default allocator, is the
@@ -96,7 +92,7 @@ class FrozenUtilities:
     """The optimizer's maps with utilities ⟨P G_i, ḡ⟩ through the frozen map P (the maps before the VJP)."""
 
     def __init__(self, opt: torch.optim.Optimizer) -> None:
-        self.resolve = OptimizerPreconditioner(opt, "proxy_in_v")
+        self.resolve = OptimizerPreconditioner(opt)
 
     def group_key(self, param: torch.nn.Parameter):
         return self.resolve.group_key(param)
@@ -104,7 +100,7 @@ class FrozenUtilities:
     def stacks(self, param: torch.nn.Parameter) -> bool:
         return self.resolve.stacks(param)
 
-    def __call__(self, params, gbar: torch.Tensor, step=None) -> Preconditioner:
+    def __call__(self, params, gbar: torch.Tensor) -> Preconditioner:
         pre = self.resolve(params, gbar)
         pre.utility_vector = pre.apply
         return pre
@@ -124,13 +120,7 @@ def prepare_engine_with(resolver: Callable, factor_tolerance: float = FACTOR_TOL
 MAP_VARIANTS = {
     "engine_formed": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt), factor_tolerance=0.0),
     "engine_factored": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt), factor_tolerance=float("inf")),
-    "engine_adamw_proxy_in_v": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, "proxy_in_v")),
-    "engine_muon": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2)),
-    "engine_muon_mirrored": prepare_engine_with(
-        lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2, muon_draws=2, muon_mirrored=True)),
     "engine_muon_momentum": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt)),
-    "engine_muon_moments": prepare_engine_with(
-        lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2, muon_moments=True)),
     "engine_muon_frozen": prepare_engine_with(lambda opt, args: FrozenUtilities(opt)),
 }
 

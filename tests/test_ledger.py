@@ -29,9 +29,8 @@ from selection_callbacks.cli.ledger import main as ledger_main
 from selection_callbacks.methods import RandomSelection
 
 ROOT = Path(__file__).resolve().parents[1]
-# run name → method config and extra flags; opus_muon_moments reads the candidates' moments summed over the ranks
-DDP_RUNS = {"random": ("random",), "high_loss": ("high_loss",), "opus": ("opus",),
-            "opus_muon_moments": ("opus", "--model.optimizer", "muon", "--selection.init_args.muon_point", "moments")}
+# run name → method config and extra flags
+DDP_RUNS = {"random": ("random",), "high_loss": ("high_loss",), "opus": ("opus",), "opus_muon": ("opus", "--model.optimizer", "muon")}
 STEPS, K = 6, 8  # global K sequences per step: one process K, two processes K/2 each
 
 

@@ -18,7 +18,7 @@ these sizes); on a CPU each layer is scored alone (stacking only copies there). 
 
 - proxy direction ḡ = (1/P) Σ_p G_p and the utility vector Q = −Jᵀḡ of the step's derivative J
   (``Preconditioner.utility_vector``; Q = P ḡ for the self-adjoint SGD and AdamW maps; Muon's J
-  may be evaluated at draws of the step's batch from the pass's candidates, :class:`CandidateDraws`);
+  is the exact vector–Jacobian product of its Newton–Schulz iteration);
 - exact utilities u_i = ⟨G_i, Q⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
 - optional m-dimensional sketches S_i with E⟨S_i, S_j⟩ = ⟨P G_i, P G_j⟩, summed over layers (a tensor
   sketch gives each layer its own block of bins, in proportion to its size: its cost is linear in the block).
@@ -188,8 +188,7 @@ class GhostEngine:
         candidate_chunk: score candidates in forward/backward passes of at most this many rows
             (the proxy rows ride with the first), so activation memory stays flat in N (None: one
             pass over all rows, the fastest for small N). Rows must not interact (no batch norm).
-            Scores equal one pass's, except where a map reads the step's batch from the candidates (Muon's
-            batch and moments points): it reads the first chunk's.
+            Scores equal one pass's.
         stack_layers: score same-shaped layers of one optimizer group as one stack (None: on
             accelerators; on a CPU, where it copies the captures and saves no launches, only the
             layers whose map gains from it, Muon's: :func:`stack_by_default`).
@@ -465,11 +464,10 @@ class GhostEngine:
         self, modules: list[nn.Module], B: torch.Tensor, A: torch.Tensor, out: torch.Tensor, state: "_PassState"
     ) -> "_LayerMaps":
         """P and Q = −Jᵀḡ of stacked linear layers from the pass's B [L, n + P, T, rows], A [L, n + P, T, cols]
-        and output gradients ``out`` (for biases); the proxy rows fix ḡ, the n candidates stand in for the
-        step's batch where a map asks for it."""
+        and output gradients ``out`` (for biases); the proxy rows fix ḡ."""
         n = state.n
         gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P, [L, rows, cols]
-        pre = state.resolve([m.weight for m in modules], gbar, CandidateDraws(B[:, :n], A[:, :n], state.seed))
+        pre = state.resolve([m.weight for m in modules], gbar)
         maps = _LayerMaps(pre, pre.utility_vector(gbar))
         if modules[0].bias is not None:
             gbar_bias = out[:, n:].sum(2).mean(1)
@@ -493,8 +491,7 @@ class GhostEngine:
         """One weight W shared by the layers ``names`` (a head tied to the token embedding), scored once under
         the first name: its per-sample gradient is the sum over its uses, G_i = Σ_k G_i^(k), so ḡ sums the uses'
         proxy gradients, P and Q = −Jᵀḡ are resolved once and u_i = Σ_k ⟨G_i^(k), Q⟩ is exact. The uses' sketches
-        go through one sketcher (a linear sketch of the sum); ‖P G_i‖² is taken over the materialised sum.
-        Muon's batch point is not drawn here: a shared weight's map is evaluated at its momentum."""
+        go through one sketcher (a linear sketch of the sum); ‖P G_i‖² is taken over the materialised sum."""
         first, N = names[0], state.n
         weight = self._modules[first].weight
         uses = []  # ("embedding", ids [R, T], B [R, T, d]) or ("linear", B [1, R, T, rows], A [1, R, T, cols])
@@ -639,42 +636,6 @@ class GhostEngine:
                 [torch.zeros(vocab, rows.shape[-1], device=rows.device).index_add_(0, i, r)
                  for i, r in zip(ids[k : k + self.chunk], rows[k : k + self.chunk])]
             )
-
-
-class CandidateDraws:
-    """Mean gradients of random candidate subsets of stacked linear layers, B [L, n, T, d_out], A [L, n, T, d_in],
-    and the candidates' first two moments.
-
-    The generator restarts at ``seed`` on every call, so every layer of a scoring call draws the same rows.
-    """
-
-    def __init__(self, B: torch.Tensor, A: torch.Tensor, seed: int) -> None:
-        self.B, self.A, self.seed = B, A, seed
-
-    def mean_gradients(self, rows: int, draws: int, mirrored: bool = False) -> torch.Tensor:
-        """[draws, L, d_out, d_in]: Σ_{r∈S} Σ_t b aᵀ / rows for ``draws`` random row sets S; mirrored,
-        draws/2 of them each followed by 2ḡ_C − ḡ_S, ḡ_C the mean over all n candidates."""
-        n = self.B.shape[1]
-        gen = torch.Generator().manual_seed(self.seed)
-        mean = self.B.flatten(1, 2).mT @ self.A.flatten(1, 2) / n if mirrored else None
-        out = []
-        for _ in range(draws // 2 if mirrored else draws):
-            rows_s = torch.randperm(n, generator=gen)[:rows] if rows <= n else torch.randint(n, (rows,), generator=gen)
-            rows_s = rows_s.to(self.B.device)
-            out.append(self.B[:, rows_s].flatten(1, 2).mT @ self.A[:, rows_s].flatten(1, 2) / rows)
-            if mean is not None:
-                out.append(2 * mean - out[-1])
-        return torch.stack(out)
-
-    def moments(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(Σ_i G_i [L, d_out, d_in], Σ_i G_iG_iᵀ [L, d, d], n): the candidates' gradient sum and second moment on
-        the short side d (G_iᵀG_i where d_out > d_in), each G_iG_iᵀ through the candidate's T×T Gram,
-        B_iᵀ(A_iA_iᵀ)B_i: n·T·(T·(d_out + d_in) + d²) multiply-adds."""
-        total = self.B.flatten(1, 2).mT @ self.A.flatten(1, 2)
-        side, other = (self.A, self.B) if total.shape[-2] > total.shape[-1] else (self.B, self.A)
-        # layer by layer: each layer's rows are contiguous where the stack's (a slice of the pass's rows) are not
-        second = torch.stack([s.flatten(0, 1).mT @ ((o @ o.mT) @ s).flatten(0, 1) for s, o in zip(side, other)])
-        return total, second, self.B.shape[1]
 
 
 @dataclass

@@ -21,9 +21,8 @@ from __future__ import annotations
 
 import math
 from collections.abc import Callable, Hashable, Sequence
-from dataclasses import dataclass, fields, replace
-from functools import cached_property, partial
-from typing import Any, Literal, Protocol
+from dataclasses import dataclass
+from typing import Protocol
 
 import torch
 from torch.optim._muon import _adjust_lr
@@ -46,22 +45,6 @@ class Preconditioner(Protocol):
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         """(b', a') with P(b aᵀ) = b' a'ᵀ per token; b [L, ..., d_out], a [L, ..., d_in]."""
-        ...
-
-
-class StepDraws(Protocol):
-    """Draws of the mean gradient of the batch the next step will average, from the scored candidates."""
-
-    def mean_gradients(self, rows: int, draws: int, mirrored: bool = False) -> torch.Tensor:
-        """[draws, L, *shape]: each the mean gradient of ``rows`` candidate rows drawn at random, the same rows
-        in every layer of one scoring call (without replacement while ``rows`` ≤ the candidates). Mirrored
-        (``draws`` even): draws/2 such means ḡ_S, each followed by its mirror image 2ḡ_C − ḡ_S about the
-        mean ḡ_C of all candidates (the complement's mean where rows is half the candidates)."""
-        ...
-
-    def moments(self) -> tuple[torch.Tensor, torch.Tensor, int]:
-        """(Σ_i G_i [L, *shape], Σ_i G_iG_iᵀ [L, d, d], n): the n candidates' gradient sum and second moment
-        on the short side d (wide orientation, G Gᵀ for [d, m] with d ≤ m); sums, so ranks can add theirs."""
         ...
 
 
@@ -119,16 +102,12 @@ class DiagonalMap:
     Torch's AdamW at step s+1 moves θ by −lr/(1−β1^(s+1)) · m'/(√v'/√(1−β2^(s+1)) + ε) with
     m' = β1 m + (1−β1) g and v' = β2 v + (1−β2) g². Its derivative at g → 0 (moments frozen,
     ∂v'/∂g = 0 there) is diagonal: C = lr(1−β1)√(1−β2^(s+1))/(1−β1^(s+1)) and
-    D = 1/(√(β2 v) + ε√(1−β2^(s+1))), P = −J, and ``utility_vector`` is ``apply``. ``_adamw_map``
-    builds D from β2·x, x per the ``adamw_map`` setting:
+    D = 1/(√(β2 x) + ε√(1−β2^(s+1))), P = −J, and ``utility_vector`` is ``apply``, with x = v, the
+    derivative at g → 0. A layer whose v has not formed (every entry zero: before its first step) takes
+    x = (1−β2)/β2·ḡ², the proxy gradient's share of the next v, instead, where the derivative (lr/ε) would not
+    describe Adam's first, normalised step (C·D = lr/(|ḡ| + ε) there, Adam's first step on ḡ).
 
-    - ``"frozen"``: x = v, the derivative at g → 0; a layer whose v has not formed (every entry
-      zero: before its first step) takes the ``"proxy_in_v"`` x instead, where the derivative
-      (lr/ε) would not describe Adam's first, normalised step;
-    - ``"proxy_in_v"``: x = max(v, (1−β2)/β2·ḡ²), the proxy gradient's share of the next v put in
-      at every step (at step 0 this makes C·D = lr/(|ḡ| + ε), Adam's first step on ḡ).
-
-    Either way x is floored at ``TENSOR_FLOOR`` times the layer's mean, for entries no step and no
+    x is floored at ``TENSOR_FLOOR`` times the layer's mean, for entries no step and no
     proxy row has touched (embedding rows never seen), where D would otherwise explode. The map
     stores C/√β2 and √β2·D (the same map, one pass fewer over every weight).
     """
@@ -220,16 +199,12 @@ class DiagonalMap:
         return (lead(self.C, 2) * self.norm_scale[:, None]) * r, c
 
 
-def wide_unit(x: torch.Tensor, eps: float, gram: torch.Tensor | None = None) -> tuple[torch.Tensor, torch.Tensor, bool]:
+def wide_unit(x: torch.Tensor, eps: float) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(X₀, r, tall): x [..., m, n] in float32 in the wide orientation (xᵀ where m > n), divided by
-    r = max(‖x‖_F, eps) [...], as Newton–Schulz starts (no device sync). With ``gram`` E [..., d, d] (d the
-    short side) x stands for [x, N] with NNᵀ = E: r = max(√(‖x‖²_F + tr E), eps)."""
+    r = max(‖x‖_F, eps) [...], as Newton–Schulz starts (no device sync)."""
     tall = x.shape[-2] > x.shape[-1]
     X = (x.mT if tall else x).float()
-    if gram is None:
-        norm = torch.linalg.matrix_norm(X).clamp(min=eps)
-    else:
-        norm = (X.square().sum((-2, -1)) + gram.diagonal(dim1=-2, dim2=-1).sum(-1)).clamp(min=0).sqrt().clamp(min=eps)
+    norm = torch.linalg.matrix_norm(X).clamp(min=eps)
     return X / norm[..., None, None], norm, tall
 
 
@@ -237,15 +212,6 @@ def wide_unit(x: torch.Tensor, eps: float, gram: torch.Tensor | None = None) -> 
 # their divided difference: the quotient's rounding (~1e-16·φ/gap) and the mean's truncation (~gap²·φ‴) both stay
 # below 1e-10 of the entries on full-rank, rank-3 and decaying spectra
 CLOSE_EIGENVALUES = 1e-9
-
-
-@dataclass(frozen=True)
-class GramPoint:
-    """A Newton–Schulz evaluation point x [..., m, n] with a Gram term E [..., d, d] on its short side: the point
-    is [x, N] with NNᵀ = E, differentiated in x (a batch's second moment carried without its columns)."""
-
-    x: torch.Tensor
-    gram: torch.Tensor
 
 
 @dataclass(frozen=True)
@@ -259,8 +225,7 @@ class SpectralNS:
     ``Phi`` [..., d, d] holds φ's divided differences (φ(λ_i) − φ(λ_j))/(λ_i − λ_j), and
     (φ'(λ_i) + φ'(λ_j))/2 where |λ_i − λ_j| ≤ ``CLOSE_EIGENVALUES`` (φ'(λ_i) on the diagonal); φ and φ'
     come from the scalar recursion in float64. ``norm`` [...] is the clamped ‖x‖_F, ``clamped`` [...]
-    where the clamp acted. At a ``GramPoint`` A₀ = X₀X₀ᵀ + E/r² and ``gram`` holds Qᵀ(E/r²)Q, whose share of
-    the normalisation the VJP sends back to x; None without a Gram term.
+    where the clamp acted.
     """
 
     X0: torch.Tensor
@@ -270,18 +235,11 @@ class SpectralNS:
     Q: torch.Tensor
     phi: torch.Tensor
     Phi: torch.Tensor
-    gram: torch.Tensor | None = None
 
-    @cached_property
+    @property
     def L(self) -> torch.Tensor:
-        """L = Q diag(φ) Qᵀ [..., d, d], the left factor: NS(x) = L X₀ in the wide orientation (formed once a point:
-        a held point serves it to every step's sketch)."""
+        """L = Q diag(φ) Qᵀ [..., d, d], the left factor: NS(x) = L X₀ in the wide orientation."""
         return (self.Q * self.phi[..., None, :]) @ self.Q.mT
-
-    @cached_property
-    def Z(self) -> torch.Tensor:
-        """Z = QᵀX₀ [..., d, n], the point in the eigenbasis (formed once a point: a held point's every VJP reads it)."""
-        return self.Q.mT @ self.X0
 
 
 @dataclass(frozen=True)
@@ -293,10 +251,6 @@ class NewtonSchulz:
     result transposed back. Torch iterates in bfloat16; this copy stays in float32. ``spectral``
     writes the same polynomial in the eigenbasis of X₀X₀ᵀ (``SpectralNS``), where ``spectral_vjp``
     differentiates it with about 6·d²n multiply-adds and one d×d eigendecomposition.
-
-    A point may carry a Gram term E [..., d, d] (PSD, the short side): NS of [x, N] with NNᵀ = E, read on x's
-    columns and differentiated in x (``GramPoint``). Newton–Schulz of a wide matrix depends on its columns only
-    through X₀X₀ᵀ, so E enters as X₀X₀ᵀ + E/r² and in r.
     """
 
     coefficients: tuple[float, float, float]
@@ -311,17 +265,13 @@ class NewtonSchulz:
             X = a * X + (b * A + c * (A @ A)) @ X
         return X.mT if tall else X
 
-    def spectral(self, x: torch.Tensor, gram: torch.Tensor | None = None) -> SpectralNS:
-        """NS at x [..., m, n] (with the Gram term ``gram``, see the class) in the eigenbasis of its Gram
-        matrix: d²n multiply-adds for X₀X₀ᵀ, one float64 eigendecomposition of d×d, O(d) a step and
-        O(d²) for the divided differences."""
-        X0, norm, tall = wide_unit(x, self.eps, gram)
+    def spectral(self, x: torch.Tensor) -> SpectralNS:
+        """NS at x [..., m, n] in the eigenbasis of its Gram matrix: d²n multiply-adds for X₀X₀ᵀ, one float64
+        eigendecomposition of d×d, O(d) a step and O(d²) for the divided differences."""
+        X0, norm, tall = wide_unit(x, self.eps)
         clamped = norm <= self.eps
         X64 = X0.double()
         A = X64 @ X64.mT
-        if gram is not None:
-            gram = gram.double() / norm.double().square()[..., None, None]
-            A = A + gram
         lam, Q = torch.linalg.eigh(A)
         a, b, c = self.coefficients
         phi, d_phi = torch.ones_like(lam), torch.zeros_like(lam)  # φ⁽ᵏ⁾(λ) and its derivative in λ
@@ -336,19 +286,13 @@ class NewtonSchulz:
         close = gap.abs() <= CLOSE_EIGENVALUES
         Phi = torch.where(close, (d_phi[..., :, None] + d_phi[..., None, :]) / 2,
                           (phi[..., :, None] - phi[..., None, :]) / gap.masked_fill(close, 1.0))
-        Q = Q.float()
-        gram_q = None if gram is None else Q.mT @ gram.float() @ Q  # read in one scalar only: float32 serves
-        return SpectralNS(X0, norm, clamped, tall, Q, phi.float(), Phi.float(), gram_q)
+        return SpectralNS(X0, norm, clamped, tall, Q.float(), phi.float(), Phi.float())
 
-    def vjp(self, x: torch.Tensor | GramPoint | SpectralNS, v: torch.Tensor) -> torch.Tensor:
+    def vjp(self, x: torch.Tensor | SpectralNS, v: torch.Tensor) -> torch.Tensor:
         """(∂NS/∂x)ᵀ v at x, [..., m, n] → [..., m, n] float32: ``spectral_vjp`` on a CPU (or given a
-        ``SpectralNS``), ``reverse_vjp`` (``gram_reverse_vjp`` at a ``GramPoint``) on an accelerator, where an
-        eigendecomposition is slow next to matrix products and synchronises the device."""
-        if isinstance(x, GramPoint):
-            if x.x.device.type != "cpu":
-                return self.gram_reverse_vjp(x, v)
-            x = self.spectral(x.x, x.gram)
-        elif isinstance(x, torch.Tensor) and x.device.type != "cpu":
+        ``SpectralNS``), ``reverse_vjp`` on an accelerator, where an eigendecomposition is slow next to matrix
+        products and synchronises the device."""
+        if isinstance(x, torch.Tensor) and x.device.type != "cpu":
             return self.reverse_vjp(x, v)
         return self.spectral_vjp(x, v)
 
@@ -358,35 +302,21 @@ class NewtonSchulz:
             x = x.detach().float().requires_grad_(True)
             return torch.autograd.grad(self(x), x, v.float())[0]
 
-    def gram_reverse_vjp(self, point: GramPoint, v: torch.Tensor) -> torch.Tensor:
-        """(∂NS/∂x)ᵀ v at a ``GramPoint`` by reverse mode through the left factor's d×d iteration
-        (:func:`newton_schulz_left_factor`): NS = L(X₀X₀ᵀ + E/r²)·X₀, about 4·d²n + 40·d³ multiply-adds."""
-        with torch.enable_grad():
-            x = point.x.detach().float().requires_grad_(True)
-            L, norm, tall = newton_schulz_left_factor(x, self.coefficients, self.steps, self.eps, point.gram.float())
-            X0 = (x.mT if tall else x) / norm[..., None, None]
-            V = (v.mT if tall else v).float()
-            return torch.autograd.grad(L @ X0, x, V)[0]
-
     def spectral_vjp(self, x: torch.Tensor | SpectralNS, v: torch.Tensor) -> torch.Tensor:
         """(∂NS/∂x)ᵀ v at x (or at the point of a ``SpectralNS``), [..., m, n] → [..., m, n] float32.
 
         NS = L X₀ sends V back as X̄₀ = LV + 2 sym(Ā)X₀ with Ā the pull-back of L̄ = VX₀ᵀ through
         L = φ(A₀): by Daleckii–Krein, sym(Ā) = Q(Φ ∘ sym(QᵀL̄Q))Qᵀ. With W = QᵀV and Z = QᵀX₀ that is
         X̄₀ = Q(φ ⊙ W + 2(Φ ∘ sym(WZᵀ))Z), five d²n products; X₀ = x/r then sends X̄₀ back as
-        (X̄₀ − X₀⟨X₀, X̄₀⟩)/r (X̄₀/eps where r is clamped). At a ``GramPoint`` the columns N/r of E share the
-        normalisation: ⟨X₀, X̄₀⟩ gains ⟨2 Φ ∘ sym(WZᵀ), Qᵀ(E/r²)Q⟩.
+        (X̄₀ − X₀⟨X₀, X̄₀⟩)/r (X̄₀/eps where r is clamped).
         """
         ns = x if isinstance(x, SpectralNS) else self.spectral(x)
         V = (v.mT if ns.tall else v).float()
-        W, Z = ns.Q.mT @ V, ns.Z
+        W, Z = ns.Q.mT @ V, ns.Q.mT @ ns.X0
         M = W @ Z.mT
         sym2 = ns.Phi * (M + M.mT)  # 2 Φ ∘ sym(WZᵀ)
         X_bar = ns.Q @ (ns.phi[..., :, None] * W + sym2 @ Z)
-        radial = (ns.X0 * X_bar).sum((-2, -1), keepdim=True)
-        if ns.gram is not None:
-            radial = radial + (sym2 * ns.gram).sum((-2, -1), keepdim=True)
-        radial = radial * ~ns.clamped[..., None, None]
+        radial = (ns.X0 * X_bar).sum((-2, -1), keepdim=True) * ~ns.clamped[..., None, None]
         G = (X_bar - ns.X0 * radial) / ns.norm[..., None, None]
         return G.mT if ns.tall else G
 
@@ -398,36 +328,25 @@ class MuonMap:
     U(g) = μ²·buf + (1−μ²)·g with Nesterov (U = buf' without: μ·buf + (1−μ)·g), then moves
     θ by −lr_adj·NS(U) (decoupled decay apart, which does not depend on g). So
     J = −lr_adj·coef·∂NS/∂U with coef = 1 − μ² (Nesterov) or 1 − μ, and ``utility_vector`` is
-    lr_adj·coef·(∂NS/∂U)ᵀ ḡ averaged over the evaluation points ``points`` (M stacks [L, m, n], or
-    their ``SpectralNS``):
+    lr_adj·coef·(∂NS/∂U)ᵀ ḡ at the evaluation point U(0) = μ²·buf (μ·buf without Nesterov), the fresh
+    gradient's share taken to zero: the momentum torch's step will orthogonalise. At a layer's first step the
+    momentum is zero and the point is coef·ḡ, the update torch would take on the proxy gradient (NS has no
+    derivative at 0).
 
-    - with the step's batch (``_muon_map`` given draws): U = U(0) + coef·ḡ_S for M draws ḡ_S of
-      the batch's mean gradient, the momentum torch will orthogonalise on a batch like the
-      candidates (NS is steep along small singular values, so the batch's own share moves J);
-      mirrored, the draws come in antithetic pairs ḡ_C ± δ_S about the candidates' mean ḡ_C, so
-      the terms of J odd in the batch's noise δ cancel within each pair;
-    - with the batch's moments (``moments_point``): the expectation over the K-row batch's draw carried in
-      one point, the part of the candidates' mean that stands above its own noise in U and the rest of
-      the batch's second moment as a Gram term (a ``GramPoint``: one eigendecomposition, M = 1);
-    - without: U(0) = μ²·buf (μ·buf), the fresh gradient's share taken to zero (M = 1).
-
-    At a layer's first step the momentum is zero (U = coef·ḡ_S; coef·α·ḡ_C with its Gram term at the moments
-    point; coef·ḡ without draws: the update torch would take on the proxy gradient, since NS has no derivative at 0).
-
-    ``apply`` and ``token_factors`` are the frozen map the sketches use: Newton–Schulz at
-    ū = U(0) (coef·ḡ at the first step; at the moments point, that point with its Gram term) is
-    NS(ū) = L X₀ with X₀ = ū/r wide, r = ‖ū‖_F (√(‖ū‖²_F + tr E) with a Gram term E), and L symmetric (``SpectralNS.L`` on a CPU,
+    ``apply`` and ``token_factors`` are the frozen map the sketches use: Newton–Schulz at the same point
+    ū is NS(ū) = L X₀ with X₀ = ū/r wide, r = ‖ū‖_F, and L symmetric (``SpectralNS.L`` on a CPU,
     :func:`newton_schulz_left_factor` elsewhere: one eigendecomposition serves the map and the VJP).
     Holding L fixed, coef·g maps to lr_adj·coef/r · L g (``scale`` [L] or a number, ``L`` [L, d, d]).
+    ``point`` is ū [L, m, n], or its ``SpectralNS`` on a CPU.
     """
 
     exact_factors = True
 
     def __init__(
-        self, scale: Scale, L: torch.Tensor, tall: bool, points: Sequence[torch.Tensor | GramPoint | SpectralNS], step: Scale, ns: NewtonSchulz
+        self, scale: Scale, L: torch.Tensor, tall: bool, point: torch.Tensor | SpectralNS, step: Scale, ns: NewtonSchulz
     ) -> None:
         self.scale, self.L, self.tall = scale, L, tall
-        self.points, self.step, self.ns = points, step, ns
+        self.point, self.step, self.ns = point, step, ns
 
     def apply(self, g: torch.Tensor) -> torch.Tensor:
         # L is symmetric: L g = (gᵀ L)ᵀ
@@ -435,10 +354,8 @@ class MuonMap:
         return lead(self.scale, g.ndim) * Lg
 
     def utility_vector(self, gbar: torch.Tensor) -> torch.Tensor:
-        """lr_adj·coef·mean_U (∂NS/∂U)ᵀ ḡ over U in ``points``, [L, m, n] (one point at a time: the
-        intermediates of one are held, not M)."""
-        vjp = sum(self.ns.vjp(point, gbar) for point in self.points) / len(self.points)
-        return lead(self.step, gbar.ndim) * vjp
+        """lr_adj·coef·(∂NS/∂U)ᵀ ḡ at U = ``point``, [L, m, n]."""
+        return lead(self.step, gbar.ndim) * self.ns.vjp(self.point, gbar)
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
         if self.tall:
@@ -453,81 +370,22 @@ class MuonMap:
         return lead(self.scale, 3) * self.L, None
 
 
-class HeldPoints:
-    """Muon's momentum points, each held for ``refresh`` optimizer steps (Shampoo's amortisation of its roots).
-
-    Between refreshes a stack's map stays the one at the momentum of the step that took it: the
-    eigendecomposition, φ and Φ (``SpectralNS``) are reused, so the sketches' frozen map L and its norm are that
-    step's, and only the vector–Jacobian product runs on the step's proxy gradient (with the step's lr).
-    (1 − 1/``refresh``) of the decompositions are saved and the point is up to ``refresh`` − 1 steps stale (the
-    momentum moves by a share 1 − μ of a gradient a step). Stacks are keyed by their parameters' names
-    (``names``: id(param) → name), so ``state_dict`` resumes the same points under the same stacking (it holds
-    X₀, one float32 copy of the Muon matrices, and a d×d eigenbasis and Φ per matrix, for the points the next
-    step may still read). The caller sets ``step`` (the optimizer step) before each scoring call.
-
-    Args:
-        refresh: optimizer steps a point is held (1: every step, nothing held).
-        names: id(param) → the parameter's name in the module.
-    """
-
-    def __init__(self, refresh: int, names: dict[int, str]) -> None:
-        if not isinstance(refresh, int) or isinstance(refresh, bool) or refresh < 1:
-            raise ValueError(f"muon_refresh must be a whole number of optimizer steps ≥ 1, got {refresh!r}")
-        self.refresh, self.names, self.step = refresh, names, 0
-        self.points: dict[str, tuple[int, SpectralNS]] = {}
-
-    def spectral(self, params: Sequence[torch.nn.Parameter], point: Callable[[], torch.Tensor], ns: NewtonSchulz) -> SpectralNS:
-        """The held ``SpectralNS`` of ``params``' stack, or ``ns.spectral(point())`` (``point`` builds the
-        stack's momentum point [L, m, n] only when one is taken) where it is due."""
-        if any(id(p) not in self.names for p in params):
-            raise KeyError("a held Muon point's parameter has no name: HeldPoints.names must map id(param) → name for "
-                           "the module's parameters (OPUSSelection sets it in setup: add the callback to the Trainer)")
-        key = ",".join(self.names[id(p)] for p in params)
-        held = self.points.get(key)
-        if held is None or not 0 <= self.step - held[0] < self.refresh:
-            held = self.points[key] = (self.step, ns.spectral(point()))
-        elif held[1].X0.device != params[0].device:  # restored from a checkpoint read onto another device
-            held = self.points[key] = (held[0], _spectral_to(held[1], params[0].device))
-        return held[1]
-
-    def state_dict(self) -> dict[str, dict[str, Any]]:
-        """{stack: {"step": the step its point was taken, and the ``SpectralNS`` fields}} for the points the next
-        step may still read."""
-        return {key: {"step": step, **{f.name: getattr(sp, f.name) for f in fields(SpectralNS)}}
-                for key, (step, sp) in self.points.items() if self.step + 1 - step < self.refresh}
-
-    def load_state_dict(self, state: dict[str, dict[str, Any]]) -> None:
-        self.points = {key: (int(v["step"]), SpectralNS(**{f.name: v[f.name] for f in fields(SpectralNS)}))
-                       for key, v in state.items()}
-
-
-def _spectral_to(sp: SpectralNS, device: torch.device) -> SpectralNS:
-    """``sp`` with its tensors on ``device``."""
-    tensors = {f.name: getattr(sp, f.name) for f in fields(sp) if isinstance(getattr(sp, f.name), torch.Tensor)}
-    return replace(sp, **{name: t.to(device) for name, t in tensors.items()})
-
-
 def newton_schulz_left_factor(
-    u: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float, gram: torch.Tensor | None = None
+    u: torch.Tensor, coefficients: tuple[float, float, float], steps: int, eps: float
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(L, ‖u‖_F, tall): NS(u) = L·(u/‖u‖) in the wide orientation, computed in float32.
 
-    ``u`` is one matrix [m, n] or a stack [L, m, n] (then L [L, d, d] and norms [L]); with ``gram`` E
-    ([d, d] or [L, d, d]) the point is [u, N] with NNᵀ = E (``GramPoint``): A₀ = X₀X₀ᵀ + E/r².
+    ``u`` is one matrix [m, n] or a stack [L, m, n] (then L [L, d, d] and norms [L]).
     Iterates on d×d matrices only (d the short side): with X_k = L_k X₀ and L_k a polynomial in
     A₀ = X₀X₀ᵀ (so they commute), A_k = X_k X_kᵀ = L_k² A₀ and each step S = aI + bA_k + cA_k²
     gives L ← S L, A ← S² A_k: four d×d products a step instead of two d×n ones and two d×d.
     """
     single = u.ndim == 2
-    if single and gram is not None:
-        gram = gram[None]
-    x, norm, tall = wide_unit(u[None] if single else u, eps, gram)
+    x, norm, tall = wide_unit(u[None] if single else u, eps)
     a, b, c = coefficients
     eye = torch.eye(x.shape[1], device=x.device, dtype=x.dtype).expand(x.shape[0], -1, -1)
     a_eye = a * eye
     A = x @ x.mT
-    if gram is not None:
-        A = A + gram / norm.square()[:, None, None]
     L = eye
     for step in range(steps):
         S = torch.baddbmm(torch.add(a_eye, A, alpha=b), A, A, alpha=c)
@@ -538,39 +396,8 @@ def newton_schulz_left_factor(
     return (L[0], norm[0], tall) if single else (L, norm, tall)
 
 
-def moments_point(
-    momentum: torch.Tensor, total: torch.Tensor, second: torch.Tensor, n: torch.Tensor, rows: int, coef: float
-) -> GramPoint:
-    """Muon's point for a K-row batch in expectation over its draw, from the candidates' moments.
-
-    From the n candidates' gradient sum ``total`` [L, *shape] and second moment ``second`` [L, d, d] on the short
-    side (``StepDraws.moments``; ``n`` a tensor, so summed over ranks without a host sync) come their mean ḡ_C and
-    one candidate's covariance S = (Σ_i G_iG_iᵀ − n·ḡ_Cḡ_Cᵀ)/(n − 1). The batch's mean gradient ḡ_B has mean μ and
-    covariance S/K; ḡ_C estimates μ with noise S/n. The James–Stein share α = clip(1 − (tr S/n)/‖ḡ_C‖², 0, 1)
-    keeps in the point the part of ḡ_C that stands above its own noise, U = ``momentum`` + coef·α·ḡ_C; the rest
-    of the batch's second moment, E[ḡ_Bḡ_Bᵀ] ≈ ḡ_Cḡ_Cᵀ − S/n + S/K, enters as the Gram term
-    E = coef²·((1 − α²)·ḡ_Cḡ_Cᵀ + max(1/K − 1/n, 0)·S) (K = ``rows``; the S term clipped at 0 where K > n).
-    """
-    mean = total / n
-    tall = mean.shape[-2] > mean.shape[-1]
-    wide = mean.mT if tall else mean
-    outer = wide @ wide.mT
-    cov = (second - n * outer) / (n - 1).clamp_min(1)
-    cov = (cov + cov.mT) / 2
-    energy = wide.square().sum((-2, -1))
-    noise = cov.diagonal(dim1=-2, dim2=-1).sum(-1) / n  # E‖ḡ_C − μ‖²
-    alpha = torch.where(energy > 0, 1 - noise / energy.clamp_min(torch.finfo(energy.dtype).tiny), 0.0).clamp(0, 1)
-    U = momentum + coef * alpha[:, None, None] * mean
-    E = (1 - alpha.square())[:, None, None] * outer + (1 / rows - 1 / n).clamp_min(0) * cov
-    return GramPoint(U, coef * coef * E)
-
-
-AdamWMap = Literal["frozen", "proxy_in_v"]
-
-
 def _adamw_map(
-    opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, variant: AdamWMap = "frozen"
-) -> DiagonalMap:
+    opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> DiagonalMap:
     if group.get("maximize", False):
         raise ValueError("AdamW with maximize=True is not supported by the ghost preconditioner")
     beta1, beta2 = group["betas"]
@@ -585,16 +412,11 @@ def _adamw_map(
         v = torch.maximum(_stacked_state(states, "max_exp_avg_sq", gbar) / beta2, v)
     bc2 = [1.0 - beta2 ** (s + 1) for s in steps]
     formed = v.flatten(1).amax(1) > 0
-    if variant == "frozen" and bool(formed.all()):  # v itself: no pass over the proxy's share
+    if bool(formed.all()):  # v itself: no pass over the proxy's share
         floor = TENSOR_FLOOR * v.flatten(1).mean(1)  # rows no step has touched
         x = torch.clamp(v, min=lead(floor, v.ndim))
-    else:
-        # β2·x with x = max(v, (1 − β2)/β2·ḡ²): the fresh gradient's share of the next v, estimated by the proxy's
-        x = gbar.float().square().mul_((1 - beta2) / beta2)
-        if variant == "proxy_in_v":
-            torch.maximum(x, v, out=x)
-        else:  # v itself, the proxy's share only in layers whose v has not formed
-            x = torch.where(lead(formed, v.ndim), v, x)
+    else:  # v itself, the proxy's share (1 − β2)/β2·ḡ² of the next v only in layers whose v has not formed
+        x = torch.where(lead(formed, v.ndim), v, gbar.float().square().mul_((1 - beta2) / beta2))
         floor = TENSOR_FLOOR * x.flatten(1).mean(1)  # rows neither trained nor in the proxy
         torch.maximum(x, lead(floor, x.ndim), out=x)
     # 1/(√(β2·x) + ε√bc2) = (1/√β2)·1/(√x + ε√(bc2/β2)): the 1/√β2 joins C (one pass fewer over every weight)
@@ -613,50 +435,21 @@ def _stacked_state(states: list[dict], key: str, like: torch.Tensor) -> torch.Te
     return torch.stack([st[key].float() if key in st else torch.zeros_like(g, dtype=torch.float32) for st, g in zip(states, like)])
 
 
-def _muon_map(
-    opt: torch.optim.Optimizer,
-    group: dict,
-    params: Sequence[torch.nn.Parameter],
-    gbar: torch.Tensor,
-    step: StepDraws | None = None,
-    batch_rows: int | None = None,
-    draws: int = 8,
-    mirrored: bool = False,
-    moments: bool = False,
-    reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-    held: HeldPoints | None = None,
-) -> MuonMap:
+def _muon_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> MuonMap:
     mu, nesterov = group["momentum"], group["nesterov"]
     bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
     coef = (1 - mu * mu) if nesterov else (1 - mu)
     carry = mu * mu if nesterov else mu
     ns = NewtonSchulz(tuple(group["ns_coefficients"]), group["ns_steps"], group["eps"])
-    batch = step is not None and bool(batch_rows)
     lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
-    if held is not None and not batch and all(buf is not None for buf in bufs):  # a held point, on any device
-        at_ref = held.spectral(params, lambda: torch.stack([carry * buf.float() for buf in bufs]), ns)
-        return MuonMap(lr * coef / at_ref.norm, at_ref.L, at_ref.tall, [at_ref], lr * coef, ns)
-    momentum = [None if buf is None else carry * buf.float() for buf in bufs]  # the share U keeps as g → 0
-    if batch:  # the momentum's share of a point that adds the step's batch (zero before the first step)
-        kept = torch.stack([torch.zeros_like(g, dtype=torch.float32) if m is None else m for g, m in zip(gbar, momentum)])
-    gram = None
-    if batch and moments:  # the moments point is also the frozen map's reference
-        total, second, n = step.moments()
-        sums = (total.float(), second.float(), torch.tensor(float(n), device=total.device))
-        point = moments_point(kept, *(sums if reduce is None else map(reduce, sums)), batch_rows, coef)
-        ref, gram = point.x, point.gram
-    else:  # the frozen map's reference: the momentum's share, or before the first step the proxy's update
-        ref = torch.stack([coef * g.float() if m is None else m for g, m in zip(gbar, momentum)])
-    points: Sequence[torch.Tensor | GramPoint | SpectralNS]
+    # the momentum's share U(0), or before the first step the proxy's update
+    ref = torch.stack([coef * g.float() if buf is None else carry * buf.float() for g, buf in zip(gbar, bufs)])
     if ref.device.type == "cpu":  # one eigendecomposition gives the left factor and the VJP
-        at_ref = ns.spectral(ref, gram)
-        L, norm, tall, points = at_ref.L, at_ref.norm, at_ref.tall, [at_ref]
-    else:  # accelerators stay in matrix products (NewtonSchulz.vjp)
-        L, norm, tall = newton_schulz_left_factor(ref, ns.coefficients, ns.steps, ns.eps, gram)
-        points = ref[None] if gram is None else [GramPoint(ref, gram)]
-    if batch and not moments:
-        points = step.mean_gradients(batch_rows, draws, mirrored).float().mul_(coef).add_(kept)
-    return MuonMap(lr * coef / norm, L, tall, points, lr * coef, ns)
+        at_ref = ns.spectral(ref)
+        return MuonMap(lr * coef / at_ref.norm, at_ref.L, at_ref.tall, at_ref, lr * coef, ns)
+    # accelerators stay in matrix products (NewtonSchulz.vjp)
+    L, norm, tall = newton_schulz_left_factor(ref, ns.coefficients, ns.steps, ns.eps)
+    return MuonMap(lr * coef / norm, L, tall, ref, lr * coef, ns)
 
 
 def _sgd_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> ScalarMap:
@@ -687,20 +480,9 @@ class Resolver(Protocol):
         kernel launches (a CPU): maps that do many small operations per matrix."""
         ...
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
-        """The map of ``params`` (``gbar`` [L, *shape], the proxy gradients, stand in for missing state;
-        ``step`` draws the step's batch gradient from the candidates, for maps that depend on it)."""
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
+        """The map of ``params`` (``gbar`` [L, *shape], the proxy gradients, stand in for missing state)."""
         ...
-
-
-def check_map_options(adamw_map: AdamWMap, muon_draws: int, muon_mirrored: bool) -> None:
-    """A clear error for an unknown AdamW map, fewer than one Muon point, or mirrored points not in pairs."""
-    if adamw_map not in ("frozen", "proxy_in_v"):
-        raise ValueError(f"unknown adamw_map {adamw_map!r}; choose 'frozen' or 'proxy_in_v'")
-    if muon_draws < 1:
-        raise ValueError(f"muon_draws must be ≥ 1, got {muon_draws}")
-    if muon_mirrored and muon_draws % 2:
-        raise ValueError(f"mirrored Muon points come in pairs (a drawn batch and its mirror image): muon_draws must be even, got {muon_draws}")
 
 
 class OptimizerPreconditioner:
@@ -708,47 +490,13 @@ class OptimizerPreconditioner:
 
     Args:
         optimizer: SGD, AdamW, Muon or the Muon+AdamW composite; anything else is an error.
-        adamw_map: AdamW's second moment in the map: ``"frozen"`` (the derivative of torch's step at
-            g → 0) or ``"proxy_in_v"`` (the proxy gradient's share put into v); see :class:`DiagonalMap`.
-        muon_batch: rows the next step averages (K × accumulation): Muon's derivative is evaluated at
-            the momentum plus ``muon_draws`` draws of such a batch from the candidates, or at the point
-            carrying its moments (``muon_moments``); None: at the momentum alone. See :class:`MuonMap`.
-        muon_draws: M, the evaluation points (M vector–Jacobian products per Muon matrix).
-        muon_mirrored: the points as M/2 drawn batches and their mirror images about the candidates'
-            mean (M even; see :class:`StepDraws`), or M independent draws.
-        muon_moments: instead of draws, one point carrying the batch's expected moments (:func:`moments_point`;
-            needs ``muon_batch``).
-        muon_reduce: sums a tensor over the ranks that score one step's candidates (DDP; None: one process):
-            the moments point then reads every rank's candidates, and ``muon_batch`` counts the global batch.
-        muon_held: Muon's momentum points held over steps (:class:`HeldPoints`; the momentum point only,
-            ``muon_batch`` None); None: each step's own.
     """
 
-    def __init__(
-        self,
-        optimizer: torch.optim.Optimizer,
-        adamw_map: AdamWMap = "frozen",
-        muon_batch: int | None = None,
-        muon_draws: int = 8,
-        muon_mirrored: bool = False,
-        muon_moments: bool = False,
-        muon_reduce: Callable[[torch.Tensor], torch.Tensor] | None = None,
-        muon_held: HeldPoints | None = None,
-    ) -> None:
-        if muon_held is not None and muon_batch is not None:
-            raise ValueError("held Muon points are momentum points: muon_held needs muon_batch=None")
-        if muon_batch is not None and muon_batch < 1:
-            raise ValueError(f"muon_batch must be ≥ 1 or None, got {muon_batch}")
-        if muon_moments and muon_batch is None:
-            raise ValueError("muon_moments=True carries a batch's moments: give muon_batch, the rows the next step averages")
-        check_map_options(adamw_map, muon_draws, muon_mirrored)
+    def __init__(self, optimizer: torch.optim.Optimizer) -> None:
         inner = optimizer.optimizers if isinstance(optimizer, MuonWithAdamW) else (optimizer,)
         for opt in inner:
             if type(opt) not in _MAPS:
                 raise TypeError(f"no ghost preconditioner for {type(opt).__name__}; supported: {SUPPORTED}")
-        self._maps = {**_MAPS, torch.optim.AdamW: partial(_adamw_map, variant=adamw_map),
-                      torch.optim.Muon: partial(_muon_map, batch_rows=muon_batch, draws=muon_draws, mirrored=muon_mirrored,
-                                                 moments=muon_moments, reduce=muon_reduce, held=muon_held)}
         self._where: dict[int, tuple[torch.optim.Optimizer, dict]] = {
             id(p): (opt, g) for opt in inner for g in opt.param_groups for p in g["params"]
         }
@@ -762,14 +510,12 @@ class OptimizerPreconditioner:
         random's step); the elementwise maps gain nothing and would hold every stacked layer's captures."""
         return type(self._locate(param)[0]) is torch.optim.Muon
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
-        """The stacked map for ``params`` (one optimizer group), ``gbar`` [L, *shape]; ``step`` reaches Muon only."""
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
+        """The stacked map for ``params`` (one optimizer group), ``gbar`` [L, *shape]."""
         opt, group = self._locate(params[0])
         if any(self._locate(p)[1] is not group for p in params[1:]):
             raise ValueError("stacked parameters must share one optimizer group (see group_key)")
-        if type(opt) is torch.optim.Muon:
-            return self._maps[type(opt)](opt, group, params, gbar, step)
-        return self._maps[type(opt)](opt, group, params, gbar)
+        return _MAPS[type(opt)](opt, group, params, gbar)
 
     def _locate(self, param: torch.nn.Parameter) -> tuple[torch.optim.Optimizer, dict]:
         if id(param) not in self._where:
@@ -789,7 +535,7 @@ class IdentityPreconditioner:
     def stacks(self, param: torch.nn.Parameter) -> bool:
         return False
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
         return ScalarMap(self.c)
 
 
@@ -813,5 +559,5 @@ class SGDStepPreconditioner:
     def stacks(self, param: torch.nn.Parameter) -> bool:
         return False
 
-    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor, step: StepDraws | None = None) -> Preconditioner:
+    def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> Preconditioner:
         return ScalarMap(per_layer([self._lr[id(p)] / self.batch for p in params], gbar.device))

@@ -29,8 +29,8 @@ def split_half_reliability(
     """Spearman of the N candidates' utilities against proxy rows [N, N + P//2) and against [N + P//2, N + P).
 
     ``rows`` are the scoring rows (candidates then P ≥ 2 proxy rows); ``resolver`` makes the step's map
-    afresh for each half (a map that reads the proxy gradient, as AdamW's ``proxy_in_v`` does, sees
-    only its half's). Two forward/backward passes of ``engine`` (best built without sketches: only
+    afresh for each half (a map that reads the proxy gradient, as AdamW's before its first step does,
+    sees only its half's). Two forward/backward passes of ``engine`` (best built without sketches: only
     the utilities are read). NaN where a half leaves fewer than 3 candidates with finite utilities.
     """
     n_rows = rows["input_ids"].shape[0]
