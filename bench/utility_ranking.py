@@ -18,7 +18,7 @@ table). Torch's Muon iterates Newton–Schulz in bfloat16, whose rounding swamps
 the copy runs the same coefficients and steps in float64 (``bf16_error``: its relative Frobenius
 distance from torch's own step, the largest over Muon's matrices).
 
-Each map variant's GhostEngine utilities ⟨G_i, −Jᵀḡ_proxy⟩ (the OPUSSelection preconditioner at
+Each map variant's GhostEngine utilities ⟨G_i, −Jᵀḡ_proxy⟩ (the OPUSSelection maps at
 K rows) are scored against the effects by Spearman's ρ and by the top-K overlap
 |top-16 by utility ∩ top-16 by effect| (8 expected at random). AdamW: ``frozen`` (the derivative at
 torch's v). Muon: ``momentum`` (the Newton–Schulz derivative at the momentum) and ``frozen_ns`` (the
@@ -57,9 +57,10 @@ from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.methods import OPUSSelection
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
-from selection_callbacks.scoring.ghost import GhostEngine
+from selection_callbacks.scoring.ghost.engine import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import MuonMap, NewtonSchulz, OptimizerPreconditioner
+from selection_callbacks.scoring.maps.muon import MuonMap, NewtonSchulz
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from bench.toy_corpus import make_docs
 
 T = 16
@@ -69,7 +70,7 @@ LR, WD, BETA1, BETA2, MUON_LR, MUON_MU = 3e-3, 0.1, 0.9, 0.95, 0.02, 0.95
 NS = NewtonSchulz((torch_muon.DEFAULT_A, torch_muon.DEFAULT_B, torch_muon.DEFAULT_C), torch_muon.DEFAULT_NS_STEPS, torch_muon.EPS)
 VARIANTS = {"adamw": ("frozen",), "muon": ("momentum", "frozen_ns", "at_base_batch")}
 
-Resolver = Callable[..., object]
+StepMaps = Callable[..., object]
 
 
 def stream(docs: list[dict]) -> torch.Tensor:
@@ -163,7 +164,7 @@ class AtBaseBatch:
     ceiling for any evaluation point, not a map OPUS can use)."""
 
     def __init__(self, opt: torch.optim.Optimizer, model: torch.nn.Module, g_base: dict[str, torch.Tensor]) -> None:
-        self.inner = OptimizerPreconditioner(opt)
+        self.inner = OptimizerStepMaps(opt)
         self.muon = opt.muon
         self.names = {id(p): k for k, p in model.named_parameters()}
         self.g_base = g_base
@@ -192,7 +193,7 @@ class FrozenMaps:
     (AdamW's own map, Muon's Newton–Schulz frozen at the momentum)."""
 
     def __init__(self, opt: torch.optim.Optimizer) -> None:
-        self.inner = OptimizerPreconditioner(opt)
+        self.inner = OptimizerStepMaps(opt)
 
     def group_key(self, param):
         return self.inner.group_key(param)
@@ -216,7 +217,7 @@ class Probe:
     bf16_error: float
 
 
-def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolvers: dict[str, Resolver],
+def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolvers: dict[str, StepMaps],
           gen: torch.Generator, beta2: float = BETA2) -> Probe:
     """Draws K base rows, N_CAND candidates and N_PROXY proxy rows from ``gen``; scores the candidates with
     the GhostEngine through every resolver (under Muon also :class:`AtBaseBatch`) and measures effect_i on a
@@ -247,12 +248,12 @@ def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolve
     return Probe(utilities, np.array(effect), bf16_error)
 
 
-def resolvers(opt: torch.optim.Optimizer, name: str) -> dict[str, Resolver]:
+def resolvers(opt: torch.optim.Optimizer, name: str) -> dict[str, StepMaps]:
     """The map variants of ``name``'s configuration (see the module docstring), as OPUS resolves them at K rows."""
     trainer = SimpleNamespace(optimizers=[opt], accumulate_grad_batches=1, world_size=1)
     if name == "adamw":
-        return {"frozen": OPUSSelection().preconditioner(trainer, K)}
-    return {"momentum": OPUSSelection().preconditioner(trainer, K), "frozen_ns": FrozenMaps(opt)}
+        return {"frozen": OPUSSelection().step_maps(trainer, K)}
+    return {"momentum": OPUSSelection().step_maps(trainer, K), "frozen_ns": FrozenMaps(opt)}
 
 
 def top_overlap(utility: np.ndarray, effect: np.ndarray, k: int = K) -> int:

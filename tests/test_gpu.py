@@ -14,9 +14,9 @@ import torch
 
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
-from selection_callbacks.scoring.ghost import GhostEngine
+from selection_callbacks.scoring.ghost.engine import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,9 +42,9 @@ def test_engine_under_bf16_autocast_tracks_fp32(opt_name: str) -> None:
     text[:32, 1::2] = text[:32, 0:1]  # half the candidates partly repetitive: a real spread of utilities
     rows = {"input_ids": text[:, :-1], "labels": text[:, 1:]}
     engine = GhostEngine(model, sketch_dim=256)
-    fp32 = engine.score(row_losses(model), rows, 64, OptimizerPreconditioner(opt))
+    fp32 = engine.score(row_losses(model), rows, 64, OptimizerStepMaps(opt))
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        bf16 = engine.score(row_losses(model), rows, 64, OptimizerPreconditioner(opt))
+        bf16 = engine.score(row_losses(model), rows, 64, OptimizerStepMaps(opt))
     assert torch.isfinite(bf16.utilities).all() and float(bf16.utilities.abs().max()) > 0
     assert _rank_corr(fp32.utilities.float().cpu(), bf16.utilities.float().cpu()) > 0.95
     assert all(p.grad is None for p in model.parameters())

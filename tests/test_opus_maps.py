@@ -28,9 +28,10 @@ from bench.utility_ranking import (
 )
 from selection_callbacks.methods import OPUSSelection
 from selection_callbacks.nn.gpt import GPT
-from selection_callbacks.scoring.ghost import GhostEngine
+from selection_callbacks.scoring.ghost.engine import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import TENSOR_FLOOR, OptimizerPreconditioner
+from selection_callbacks.scoring.maps.adamw import TENSOR_FLOOR
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 
 STEPS, SEEDS = (5, 300), (0, 1, 2)
 # torch's bfloat16 Newton–Schulz is 4–7% (relative Frobenius) from exact arithmetic on these momenta,
@@ -42,7 +43,7 @@ def spearman_against_real_step(model, opt, name: str, gen: torch.Generator) -> t
     """(Spearman against the real step's effects of OPUS's utilities (Muon's derivative at the momentum) and of the
     frozen maps; relative error of the float64 Muon step against torch's own)."""
     trainer = SimpleNamespace(optimizers=[opt], accumulate_grad_batches=1, world_size=1)
-    variants = {"momentum": OPUSSelection().preconditioner(trainer, K), "frozen": FrozenMaps(opt)}
+    variants = {"momentum": OPUSSelection().step_maps(trainer, K), "frozen": FrozenMaps(opt)}
     got = probe(model, opt, name, variants, gen)
     return {k: float(spearmanr(u, got.effect).statistic) for k, u in got.utilities.items()}, got.bf16_error
 
@@ -186,7 +187,7 @@ def test_adamw_map_is_the_derivative_of_torch_step_at_frozen_moments() -> None:
     h = {k: torch.randn(p.shape, dtype=torch.float64, generator=torch.Generator().manual_seed(1)) for k, p in step.params.items()}
     eps = 1e-7  # v' = β2 v + (1 − β2)(εh)²: the fresh gradient's share of v is ~1e-14 of it
     moved, rest = step({k: eps * h[k] for k in h}), step(zero)
-    resolve = OptimizerPreconditioner(opt)
+    resolve = OptimizerStepMaps(opt)
     for k in ("blocks.0.attn.qkv.weight", "wte.weight", "lm_head.weight"):
         p = dict(model.named_parameters())[k]
         pre = resolve([p], torch.zeros_like(p)[None])
@@ -204,14 +205,14 @@ def test_first_step_maps_fall_back_to_the_proxy_gradient() -> None:
     gbar = 1e-3 * torch.randn_like(model.blocks[0].mlp.fc.weight)[None]
     adamw = make_optimizer(model, "adamw")
     weight = model.blocks[0].mlp.fc.weight
-    frozen = OptimizerPreconditioner(adamw)([weight], gbar)
+    frozen = OptimizerStepMaps(adamw)([weight], gbar)
     group = next(g for g in adamw.param_groups if any(p is weight for p in g["params"]))
     above = gbar.square() >= TENSOR_FLOOR * gbar.square().mean()
     want = group["lr"] * gbar / (gbar.abs() + group["eps"])
     assert float(above.float().mean()) > 0.5
     torch.testing.assert_close(frozen.utility_vector(gbar)[above], want[above])
     muon = make_optimizer(model, "muon")
-    pre = OptimizerPreconditioner(muon)([weight], gbar)
+    pre = OptimizerStepMaps(muon)([weight], gbar)
     coef = 1 - MUON_MU**2  # no momentum: the derivative at the proxy's own update
     want = _adjust_lr(MUON_LR, None, weight.shape) * coef * NS.vjp(coef * gbar, gbar)
     torch.testing.assert_close(pre.utility_vector(gbar), want)

@@ -15,7 +15,8 @@ from collections.abc import Callable, MutableMapping
 import torch
 
 from selection_callbacks.core.rank_correlation import spearman
-from selection_callbacks.scoring.ghost import GhostEngine, Resolver, take_rows
+from selection_callbacks.scoring.ghost.engine import GhostEngine, take_rows
+from selection_callbacks.scoring.maps.base import StepMaps
 
 
 def split_half_reliability(
@@ -23,7 +24,7 @@ def split_half_reliability(
     loss_fn: Callable[[MutableMapping], torch.Tensor],
     rows: MutableMapping,
     n_candidates: int,
-    resolver: Callable[[], Resolver],
+    resolver: Callable[[], StepMaps],
     seed: int = 0,
 ) -> float:
     """Spearman of the N candidates' utilities against proxy rows [N, N + P//2) and against [N + P//2, N + P).

@@ -9,9 +9,9 @@ import torch
 from typing_extensions import override
 
 from selection_callbacks.core.selection import Scores
-from selection_callbacks.scoring.ghost import Resolver
+from selection_callbacks.scoring.maps.base import StepMaps
 from selection_callbacks.methods.bases.ghost import GhostSelection
-from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 
 
 class OPUSSelection(GhostSelection):
@@ -19,7 +19,7 @@ class OPUSSelection(GhostSelection):
 
     Utility u_i = Σ_l ⟨G_i, −J_lᵀ ḡ_proxy⟩, the first-order decrease of the proxy loss through the
     live optimizer's next step, J_l its derivative in the fresh gradient (AdamW at frozen moments,
-    Muon through the exact vector–Jacobian product of its Newton–Schulz iteration, or both,
+    Muon through the exact vector–Jacobian product of its Newton–Schulz iteration at the momentum, or both,
     auto-detected; SGD gives GREATS' geometry), and redundancy I_ij ∝ ⟨P G_i, P G_j⟩/K from
     sketches of the frozen maps P. Calibration makes τ and γ scale-free: utilities are
     standardised within the superbatch (û = (u − ū)/σ_u) and the interaction is the sketch
@@ -54,17 +54,17 @@ class OPUSSelection(GhostSelection):
         self.redundancy_weight = redundancy_weight
 
     @override
-    def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
-        return OptimizerPreconditioner(trainer.optimizers[0])
+    def step_maps(self, trainer: L.Trainer, k: int) -> StepMaps:
+        return OptimizerStepMaps(trainer.optimizers[0])
 
     @override
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
         problems = super().requirements(trainer, pl_module)
         try:
             if trainer.optimizers:
-                OptimizerPreconditioner(trainer.optimizers[0])
+                OptimizerStepMaps(trainer.optimizers[0])
         except TypeError as e:
-            problems.append(f"{e}: OPUS preconditions by the optimizer's own step")
+            problems.append(f"{e}: OPUS maps gradients by the optimizer's own step")
         return problems
 
     @override
