@@ -113,7 +113,7 @@ class _HeadNamedHead(torch.nn.Module):
 def test_output_head_is_found_by_structure_not_by_name() -> None:
     from selection_callbacks.nn.heads import output_heads
     from selection_callbacks.nn.optim import split_params
-    from selection_callbacks.scoring.ghost import scored_layers
+    from selection_callbacks.scoring.ghost.layers import scored_layers
 
     model = _HeadNamedHead()
     assert output_heads(model) == {"head"}
@@ -273,12 +273,12 @@ def test_every_missing_protocol_is_named_in_one_error_before_training(method, ne
         assert need in str(info.value), f"{need!r} missing from:\n{info.value}"
 
 
-def test_opus_under_an_optimizer_it_cannot_precondition(tiny_corpus) -> None:
+def test_opus_under_an_optimizer_it_has_no_map_for(tiny_corpus) -> None:
     class RMSpropLM(_TinyLM):
         def configure_optimizers(self):
             return torch.optim.RMSprop(self.parameters(), lr=1e-3)
 
-    with pytest.raises(ValueError, match=r"no ghost preconditioner for RMSprop; supported: .*optimizer's own step"):
+    with pytest.raises(ValueError, match=r"no optimizer map for RMSprop; supported: .*optimizer's own step"):
         _fit_own(OPUSSelection(0.5, score_len=16, proxy=tiny_corpus["target"]), _OwnData(ByteTokenizer()), RMSpropLM(vocab=320))
 
 

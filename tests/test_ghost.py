@@ -12,16 +12,13 @@ from torch.func import functional_call, grad, vmap
 
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
-import selection_callbacks.scoring.ghost as ghost
-from selection_callbacks.scoring.ghost import GhostEngine, check_precision, scored_layers
+import selection_callbacks.scoring.ghost.engine as ghost
+from selection_callbacks.scoring.ghost.engine import GhostEngine, check_precision
+from selection_callbacks.scoring.ghost.layers import scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
-from selection_callbacks.scoring.preconditioners import (
-    IdentityPreconditioner,
-    NewtonSchulz,
-    OptimizerPreconditioner,
-    newton_schulz_left_factor,
-)
+from selection_callbacks.scoring.maps.step_maps import IdentityStepMaps, OptimizerStepMaps
+from selection_callbacks.scoring.maps.muon import NewtonSchulz, newton_schulz_left_factor
 
 N_CAND, N_PROXY, T = 5, 3, 8
 STACK_BY_DEFAULT = ghost.stack_by_default  # the engine's own rule (the fixture below replaces it)
@@ -90,7 +87,7 @@ def brute_force(model, batch, resolver, layers, n=N_CAND):
 def test_utilities_match_brute_force(opt_name: str, steps: int) -> None:
     model, opt = trained(opt_name, steps)
     batch = rows()
-    resolver = OptimizerPreconditioner(opt)
+    resolver = OptimizerStepMaps(opt)
     engine = GhostEngine(model, include_embedding=True, include_head=True)
     got = engine.score(row_losses(model), batch, N_CAND, resolver)
     layers = [(n, m) for n, m in scored_layers(model, True, True) if n not in got.shared]
@@ -103,7 +100,7 @@ def test_utilities_match_brute_force(opt_name: str, steps: int) -> None:
 @pytest.mark.parametrize("opt_name", ["sgd", "adamw"])
 def test_linear_biases_are_scored(opt_name: str) -> None:
     model, opt = trained(opt_name, 2, bias=True)
-    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    batch, resolver = rows(), OptimizerStepMaps(opt)
     got = GhostEngine(model).score(row_losses(model), batch, N_CAND, resolver)
     want, _ = brute_force(model, batch, resolver, scored_layers(model))
     torch.testing.assert_close(got.utilities, want, rtol=1e-4, atol=1e-7)
@@ -114,7 +111,7 @@ def test_no_parameter_grad_is_touched() -> None:
     sentinel = {n: torch.full_like(p, 7.0) for n, p in model.named_parameters()}
     for n, p in model.named_parameters():
         p.grad = sentinel[n].clone() if n.startswith("blocks.0") else None
-    GhostEngine(model, sketch_dim=64).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
+    GhostEngine(model, sketch_dim=64).score(row_losses(model), rows(), N_CAND, OptimizerStepMaps(opt))
     for n, p in model.named_parameters():
         if n.startswith("blocks.0"):
             assert torch.equal(p.grad, sentinel[n])
@@ -125,7 +122,7 @@ def test_no_parameter_grad_is_touched() -> None:
 @pytest.mark.parametrize("opt_name, sketch", [("sgd", "tensor"), ("muon", "tensor"), ("adamw", "count"), ("muon", "two_sided")])
 def test_engine_sketches_are_unbiased(opt_name: str, sketch: str) -> None:
     model, opt = trained(opt_name, 3)
-    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    batch, resolver = rows(), OptimizerStepMaps(opt)
     engine = GhostEngine(model, sketch_dim=256, sketch=sketch)
     _, gram = brute_force(model, batch, resolver, scored_layers(model))
     est = torch.stack([
@@ -145,7 +142,7 @@ def test_adamw_utilities_are_exact_beside_either_sketch_path(tolerance: float) -
     or through the factors (∞: the utilities' own product): the utilities match per-sample gradients, and the formed
     sketch is each layer's CountSketch of P G_i in its block."""
     model, opt = trained("adamw", 3)
-    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    batch, resolver = rows(), OptimizerStepMaps(opt)
     engine = GhostEngine(model, include_head=True, sketch_dim=256, factor_tolerance=tolerance)
     got = engine.score(row_losses(model), batch, N_CAND, resolver, seed=2)
     want, _ = brute_force(model, batch, resolver, scored_layers(model, include_head=True))
@@ -168,7 +165,7 @@ def test_engine_tensor_sketch_is_each_layers_count_sketch_in_its_block(opt_name:
     factorised, so Muon's AdamW head stays out): the sketch is Σ_layers the CountSketch of P G_i under the layer's
     own hash into its own block of bins (sized by the layer's weights), built here from explicit per-sample gradients."""
     model, opt = trained(opt_name, 3)
-    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    batch, resolver = rows(), OptimizerStepMaps(opt)
     engine = GhostEngine(model, include_embedding=True, include_head=opt_name == "sgd", sketch_dim=100)
     got = engine.score(row_losses(model), batch, N_CAND, resolver, seed=5)
     G, params = per_sample_grads(model, batch), dict(model.named_parameters())
@@ -193,16 +190,16 @@ def test_tensor_sketch_needs_a_bin_per_layer() -> None:
 
 def test_adamw_rank1_factor_error_is_reported() -> None:
     model, opt = trained("adamw", 5)
-    got = GhostEngine(model, sketch_dim=128).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
+    got = GhostEngine(model, sketch_dim=128).score(row_losses(model), rows(), N_CAND, OptimizerStepMaps(opt))
     assert set(got.factor_error) == {n for n, _ in scored_layers(model)}
     assert all(0.0 < e < 1.0 for e in got.factor_error.values())
-    quiet = GhostEngine(model, sketch_dim=128).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt),
+    quiet = GhostEngine(model, sketch_dim=128).score(row_losses(model), rows(), N_CAND, OptimizerStepMaps(opt),
                                                      factor_errors=False)  # the diagnostic left out, nothing else
     assert quiet.factor_error == {} and quiet.factored == got.factored
     assert quiet.relative_factor_error.keys() == got.relative_factor_error.keys()
     assert torch.equal(quiet.utilities, got.utilities) and torch.equal(quiet.sketches, got.sketches)
     fc = [model.blocks[0].mlp.fc.weight, model.blocks[1].mlp.fc.weight]
-    P = OptimizerPreconditioner(opt)(fc, torch.randn(2, *fc[0].shape))
+    P = OptimizerStepMaps(opt)(fc, torch.randn(2, *fc[0].shape))
     r, c = P.rank1()
     for i in range(2):  # each stacked layer gets its own rescaled rank-1 factors and errors
         q = torch.outer(r[i], c[i]) / P.D[i]
@@ -216,7 +213,7 @@ def test_adamw_rank1_factor_error_is_reported() -> None:
 def test_rescaled_factors_keep_squared_norms_under_adams_normalisation() -> None:
     """With every entry of P g of one scale (g_oi ~ N(0, 1/D_oi²)), E‖κ (r cᵀ) ⊙ g‖² = E‖D ⊙ g‖² (Monte Carlo over
     200,000 draws); the unscaled best rank-1 factors miss it."""
-    from selection_callbacks.scoring.preconditioners import DiagonalMap
+    from selection_callbacks.scoring.maps.adamw import DiagonalMap
 
     g = torch.Generator().manual_seed(0)
     D = torch.rand(1, 24, 16, generator=g).add_(0.05).pow_(2) * torch.rand(24, 1, generator=g).add_(0.5)  # far from rank 1
@@ -235,7 +232,7 @@ def test_rescaled_factors_keep_squared_norms_under_adams_normalisation() -> None
 @pytest.mark.parametrize("opt_name", ["sgd", "muon", "adamw"])
 def test_squared_norms_match_brute_force(opt_name: str) -> None:
     model, opt = trained(opt_name, 3)
-    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    batch, resolver = rows(), OptimizerStepMaps(opt)
     got = GhostEngine(model, norms=True).score(row_losses(model), batch, N_CAND, resolver)
     _, gram = brute_force(model, batch, resolver, scored_layers(model))
     torch.testing.assert_close(got.sq_norms, gram.diagonal(), rtol=1e-4, atol=0)
@@ -256,7 +253,7 @@ def test_muon_factor_reproduces_torch_newton_schulz(shape) -> None:
 
 def test_bf16_autocast_agrees_with_fp32() -> None:
     model, opt = trained("adamw", 3)
-    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    batch, resolver = rows(), OptimizerStepMaps(opt)
     exact = GhostEngine(model).score(row_losses(model), batch, N_CAND, resolver).utilities
     with torch.autocast("cpu", dtype=torch.bfloat16):
         low = GhostEngine(model).score(row_losses(model), batch, N_CAND, resolver).utilities
@@ -266,7 +263,7 @@ def test_bf16_autocast_agrees_with_fp32() -> None:
 
 def test_torch_compile_works_or_raises_never_zeros() -> None:
     model, opt = trained("sgd", 2)
-    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    batch, resolver = rows(), OptimizerStepMaps(opt)
     eager = GhostEngine(model).score(row_losses(model), batch, N_CAND, resolver).utilities
     compiled = torch.compile(model, backend="eager")
     try:
@@ -295,13 +292,13 @@ def test_fp16_grad_scaler_is_refused() -> None:
 def test_unknown_optimizer_names_the_supported_ones() -> None:
     model = GPT(GPTConfig(vocab_size=64, block_size=T, n_layer=1, n_head=2, n_embd=16))
     with pytest.raises(TypeError, match="Adagrad.*supported: torch.optim.SGD, torch.optim.AdamW, torch.optim.Muon"):
-        OptimizerPreconditioner(torch.optim.Adagrad(model.parameters()))
+        OptimizerStepMaps(torch.optim.Adagrad(model.parameters()))
 
 
-def test_identity_preconditioner_is_plain_gradient_inner_product() -> None:
+def test_identity_maps_are_plain_gradient_inner_product() -> None:
     model, _ = trained("sgd", 1)
     batch = rows()
-    got = GhostEngine(model).score(row_losses(model), batch, N_CAND, IdentityPreconditioner(2.0)).utilities
+    got = GhostEngine(model).score(row_losses(model), batch, N_CAND, IdentityStepMaps(2.0)).utilities
     G = per_sample_grads(model, batch)
     want = sum(2.0 * (G[f"{n}.weight"][:N_CAND] * G[f"{n}.weight"][N_CAND:].mean(0)).flatten(1).sum(1) for n, _ in scored_layers(model))
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-8)
@@ -310,7 +307,7 @@ def test_identity_preconditioner_is_plain_gradient_inner_product() -> None:
 def test_rows_must_hold_candidates_and_proxy() -> None:
     model, opt = trained("sgd", 0)
     with pytest.raises(ValueError, match="≥ 1 proxy row"):
-        GhostEngine(model).score(row_losses(model), rows(n=5), 5, OptimizerPreconditioner(opt))
+        GhostEngine(model).score(row_losses(model), rows(n=5), 5, OptimizerStepMaps(opt))
 
 
 def test_score_windows_are_seeded_contiguous_slices() -> None:
@@ -350,20 +347,20 @@ class _Flat(_Twice):
 def test_layer_called_twice_is_an_error_unless_excluded() -> None:
     model = _Twice()
     with pytest.raises(RuntimeError, match="ran twice in one forward"):
-        GhostEngine(model, include_head=True).score(row_losses(model), rows(), N_CAND, IdentityPreconditioner())
-    got = GhostEngine(model, include_head=True, exclude=("lin",)).score(row_losses(model), rows(), N_CAND, IdentityPreconditioner())
+        GhostEngine(model, include_head=True).score(row_losses(model), rows(), N_CAND, IdentityStepMaps())
+    got = GhostEngine(model, include_head=True, exclude=("lin",)).score(row_losses(model), rows(), N_CAND, IdentityStepMaps())
     assert set(got.layer_utilities) == {"head"}
 
 
 def test_rows_must_stay_batch_first() -> None:
     model = _Flat()
     with pytest.raises(ValueError, match="batch-first"):
-        GhostEngine(model).score(row_losses(model), rows(), N_CAND, IdentityPreconditioner())
+        GhostEngine(model).score(row_losses(model), rows(), N_CAND, IdentityStepMaps())
 
 
 def test_biases_enter_sketches_and_norms() -> None:
     model, opt = trained("sgd", 2, bias=True)
-    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    batch, resolver = rows(), OptimizerStepMaps(opt)
     got = GhostEngine(model, norms=True, sketch_dim=256, sketch="count").score(row_losses(model), batch, N_CAND, resolver)
     _, gram = brute_force(model, batch, resolver, scored_layers(model))
     torch.testing.assert_close(got.sq_norms, gram.diagonal(), rtol=1e-4, atol=0)
@@ -373,7 +370,7 @@ def test_adamw_map_stays_bounded_on_unseen_embedding_rows() -> None:
     model, opt = trained("adamw", 0)
     gbar = torch.zeros_like(model.wte.weight)
     gbar[:3] = 1e-3  # the proxy touches three rows only
-    P = OptimizerPreconditioner(opt)([model.wte.weight], gbar[None])
+    P = OptimizerStepMaps(opt)([model.wte.weight], gbar[None])
     scale = P.C * P.D[0]
     # untouched rows are capped by the tensor floor: 1/√(0.01·mean v) instead of lr/ε (~1e5 × the touched rows)
     assert float(scale.max() / scale.min()) == pytest.approx((1 / (0.01 * 3 / 64)) ** 0.5, rel=1e-3)
@@ -383,10 +380,10 @@ def test_layer_patterns_score_a_subset_with_the_same_utilities() -> None:
     from selection_callbacks.methods.bases.ghost import excluded_layers
 
     model, opt = trained("muon")
-    full = GhostEngine(model).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
+    full = GhostEngine(model).score(row_losses(model), rows(), N_CAND, OptimizerStepMaps(opt))
     exclude = excluded_layers(model, False, False, ["blocks.1.*"])
     assert exclude == ("blocks.0.attn.qkv", "blocks.0.attn.proj", "blocks.0.mlp.fc", "blocks.0.mlp.proj")
-    late = GhostEngine(model, exclude=exclude).score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
+    late = GhostEngine(model, exclude=exclude).score(row_losses(model), rows(), N_CAND, OptimizerStepMaps(opt))
     assert set(late.layer_utilities) == {n for n in full.layer_utilities if n.startswith("blocks.1.")}
     for name, u in late.layer_utilities.items():
         torch.testing.assert_close(u, full.layer_utilities[name])
@@ -415,7 +412,7 @@ def test_candidate_chunks_give_the_one_pass_scores(opt_name: str, sketch: str) -
     """Candidate chunks, the proxy rows riding with the first (flat activation memory) = one pass over all rows."""
     model, opt = trained(opt_name, bias=opt_name == "sgd")
     embedding = sketch != "two_sided"
-    batch, resolver = rows(n=11 + N_PROXY), OptimizerPreconditioner(opt)
+    batch, resolver = rows(n=11 + N_PROXY), OptimizerStepMaps(opt)
     kwargs = dict(include_embedding=embedding, include_head=True, sketch_dim=256, sketch=sketch, norms=True)
     one = GhostEngine(model, **kwargs).score(row_losses(model), batch, 11, resolver, seed=3)
     for chunk in (1, 4, 11):
@@ -444,7 +441,7 @@ def test_layers_stack_only_within_one_optimizer_group(opt_name: str) -> None:
         opt.zero_grad()
         row_losses(model)({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}).mean().backward()
         opt.step()
-    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    batch, resolver = rows(), OptimizerStepMaps(opt)
     got = GhostEngine(model).score(row_losses(model), batch, N_CAND, resolver)
     want, _ = brute_force(model, batch, resolver, scored_layers(model))
     torch.testing.assert_close(got.utilities, want, rtol=1e-4, atol=1e-6 * float(want.abs().max()))
@@ -459,7 +456,7 @@ def test_same_shaped_layers_with_and_without_bias_are_scored_apart() -> None:
     def losses(batch):
         return net(batch["input_ids"]).pow(2).mean((1, 2))
 
-    got = GhostEngine(net).score(losses, {"input_ids": x}, N_CAND, IdentityPreconditioner())
+    got = GhostEngine(net).score(losses, {"input_ids": x}, N_CAND, IdentityStepMaps())
     grads = [torch.autograd.grad(losses({"input_ids": x[i : i + 1]}).sum(), list(net.parameters())) for i in range(len(x))]
     gbar = [torch.stack([g[k] for g in grads[N_CAND:]]).mean(0) for k in range(3)]
     want = torch.stack([sum((g[k] * gbar[k]).sum() for k in range(3)) for g in grads[:N_CAND]])
@@ -476,7 +473,7 @@ def test_same_shaped_layers_on_different_token_counts_are_scored_apart() -> None
         h = torch.tanh(body(batch["input_ids"]))
         return pool(h[:, 0]).pow(2).mean(1) + h.pow(2).mean((1, 2))
 
-    got = GhostEngine(torch.nn.ModuleDict({"body": body, "pool": pool})).score(losses, {"input_ids": x}, N_CAND, IdentityPreconditioner())
+    got = GhostEngine(torch.nn.ModuleDict({"body": body, "pool": pool})).score(losses, {"input_ids": x}, N_CAND, IdentityStepMaps())
     params = [*body.parameters(), *pool.parameters()]
     grads = [torch.autograd.grad(losses({"input_ids": x[i : i + 1]}).sum(), params) for i in range(len(x))]
     gbar = [torch.stack([g[k] for g in grads[N_CAND:]]).mean(0) for k in range(4)]
@@ -495,7 +492,7 @@ def test_stacked_adamw_map_keeps_each_layers_step_and_amsgrad_state() -> None:
         opt.step()
     opt.state[fc[1]].pop("max_exp_avg_sq")  # as if it had never been stepped with amsgrad on
     gbar = torch.randn(2, *fc[0].shape)
-    resolver = OptimizerPreconditioner(opt)
+    resolver = OptimizerStepMaps(opt)
     stacked = resolver(fc, gbar).apply(gbar)
     for i in range(2):
         torch.testing.assert_close(stacked[i], resolver([fc[i]], gbar[i : i + 1]).apply(gbar[i : i + 1])[0])
@@ -507,7 +504,7 @@ def test_layers_are_scored_inside_the_backward_and_release_their_captures(stack:
     the groups' scores still equal the unstacked ones."""
     model, opt = trained("adamw")
     held, groups = [], []
-    arrived, group_scores = GhostEngine._arrived, GhostEngine._group_scores
+    arrived, score_group = GhostEngine._arrived, GhostEngine._score_group
 
     def spy_arrived(self, name, grad, state):
         arrived(self, name, grad, state)
@@ -515,11 +512,11 @@ def test_layers_are_scored_inside_the_backward_and_release_their_captures(stack:
 
     def spy_groups(self, names, state):
         groups.append(names)
-        group_scores(self, names, state)
+        score_group(self, names, state)
 
     monkeypatch.setattr(GhostEngine, "_arrived", spy_arrived)
-    monkeypatch.setattr(GhostEngine, "_group_scores", spy_groups)
-    batch, resolver = rows(), OptimizerPreconditioner(opt)
+    monkeypatch.setattr(GhostEngine, "_score_group", spy_groups)
+    batch, resolver = rows(), OptimizerStepMaps(opt)
     got = GhostEngine(model, stack_layers=stack, sketch_dim=64).score(row_losses(model), batch, N_CAND, resolver)
     assert sorted(n for g in groups for n in g) == sorted(name for name, _ in scored_layers(model))
     if stack:
@@ -536,10 +533,10 @@ def test_layers_stack_by_default_on_accelerators_and_under_muon(monkeypatch, opt
     """stack_layers=None: stacked on accelerators; on CPU only the layers Muon steps (its maps gain from a stack),
     the others one by one."""
     monkeypatch.setattr(ghost, "stack_by_default", STACK_BY_DEFAULT)
-    groups, group_scores = [], GhostEngine._group_scores
-    monkeypatch.setattr(GhostEngine, "_group_scores", lambda self, names, state: (groups.append(names), group_scores(self, names, state)))
+    groups, score_group = [], GhostEngine._score_group
+    monkeypatch.setattr(GhostEngine, "_score_group", lambda self, names, state: (groups.append(names), score_group(self, names, state)))
     model, opt = trained(optimizer)
-    resolve = OptimizerPreconditioner(opt)
+    resolve = OptimizerStepMaps(opt)
     for _, module in scored_layers(model):
         assert STACK_BY_DEFAULT(torch.device("cuda"), resolve, module.weight)
         assert STACK_BY_DEFAULT(torch.device("cpu"), resolve, module.weight) is stacked
@@ -559,7 +556,7 @@ def test_backward_flops_are_those_the_scoring_backward_runs(pattern) -> None:
     model, opt = trained("adamw")
     engine = GhostEngine(model, exclude=excluded_layers(model, False, False, pattern))
     assert engine.backward_flops is None
-    engine.score(row_losses(model), rows(), N_CAND, OptimizerPreconditioner(opt))
+    engine.score(row_losses(model), rows(), N_CAND, OptimizerStepMaps(opt))
     first = engine.layers[0][1]
     captured = []
     handle = first.register_forward_pre_hook(lambda module, args: captured.append(args[0]))

@@ -13,8 +13,8 @@ from scipy.stats import spearmanr
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.data.packing import pack_source
-from selection_callbacks.scoring.ghost import GhostEngine
-from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
+from selection_callbacks.scoring.ghost.engine import GhostEngine
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 
 K = 16  # a candidate enters the update as 1/K of the batch mean
 
@@ -45,7 +45,7 @@ def test_utility_ranks_real_proxy_loss_decrease(tiny_corpus, tmp_path, name: str
     proxy = target.batch(rng.choice(len(target), 8, replace=False))
     rows = {k: torch.cat([cand[k], proxy[k]]) for k in ("input_ids", "labels")}
     engine = GhostEngine(model, include_embedding=True, include_head=True)
-    predicted = engine.score(lambda b: losses(model, b), rows, K, OptimizerPreconditioner(opt)).utilities
+    predicted = engine.score(lambda b: losses(model, b), rows, K, OptimizerStepMaps(opt)).utilities
     with torch.no_grad():
         before = losses(model, proxy).mean()
     actual = []

@@ -14,9 +14,9 @@ import torch
 
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
-from selection_callbacks.scoring.ghost import GhostEngine
+from selection_callbacks.scoring.ghost.engine import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import HeldPoints, OptimizerPreconditioner
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 ROOT = Path(__file__).resolve().parents[1]
@@ -42,46 +42,12 @@ def test_engine_under_bf16_autocast_tracks_fp32(opt_name: str) -> None:
     text[:32, 1::2] = text[:32, 0:1]  # half the candidates partly repetitive: a real spread of utilities
     rows = {"input_ids": text[:, :-1], "labels": text[:, 1:]}
     engine = GhostEngine(model, sketch_dim=256)
-    fp32 = engine.score(row_losses(model), rows, 64, OptimizerPreconditioner(opt))
+    fp32 = engine.score(row_losses(model), rows, 64, OptimizerStepMaps(opt))
     with torch.autocast("cuda", dtype=torch.bfloat16):
-        bf16 = engine.score(row_losses(model), rows, 64, OptimizerPreconditioner(opt))
+        bf16 = engine.score(row_losses(model), rows, 64, OptimizerStepMaps(opt))
     assert torch.isfinite(bf16.utilities).all() and float(bf16.utilities.abs().max()) > 0
     assert _rank_corr(fp32.utilities.float().cpu(), bf16.utilities.float().cpu()) > 0.95
     assert all(p.grad is None for p in model.parameters())
-
-
-def test_held_muon_points_on_the_device_match_the_cpu_map() -> None:
-    """``muon_refresh``'s held points take their eigendecomposition on the device (float64 ``eigh``) and serve
-    there; a point held on the CPU and restored from its state_dict moves to the device at its next step. Both give
-    the CPU's utility vectors."""
-    torch.manual_seed(0)
-    model = GPT(GPTConfig(vocab_size=320, block_size=64, n_layer=2, n_head=4, n_embd=256))
-    opt = build_optimizer(model, "muon", 3e-3, 0.1, (0.9, 0.95), 0.02, 0.95, 0.0)
-    for _ in range(3):
-        ids = torch.randint(0, 256, (8, 65))
-        opt.zero_grad()
-        row_losses(model)({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}).mean().backward()
-        opt.step()
-    names = {id(p): name for name, p in model.named_parameters()}
-    weights = [model.blocks[0].mlp.fc.weight, model.blocks[1].mlp.fc.weight]
-    gen = torch.Generator().manual_seed(1)
-    gbars = [1e-3 * torch.randn(2, *weights[0].shape, generator=gen) for _ in range(2)]
-    on_cpu = HeldPoints(2, names)
-    want = [OptimizerPreconditioner(opt, muon_held=on_cpu)(weights, g).utility_vector(g) for g in gbars]  # step 0 twice
-    saved = on_cpu.state_dict()
-    model.cuda()
-    for state in opt.state.values():
-        for key, value in state.items():
-            if isinstance(value, torch.Tensor):
-                state[key] = value.cuda()
-    on_device, restored = HeldPoints(2, names), HeldPoints(2, names)
-    restored.load_state_dict(saved)
-    restored.step = 1  # the held point's second step: read, moved to the device
-    for held in (on_device, restored):
-        got = OptimizerPreconditioner(opt, muon_held=held)(weights, gbars[1].cuda()).utility_vector(gbars[1].cuda())
-        assert got.is_cuda and all(sp.X0.is_cuda for _, sp in held.points.values())
-        assert float((got.cpu() - want[1]).norm() / want[1].norm()) < 1e-4
-    assert restored.points[",".join(names[id(w)] for w in weights)][0] == 0  # not taken anew
 
 
 def test_train_py_opus_bf16_on_gpu(tmp_path: Path, tiny_corpus: dict[str, str]) -> None:

@@ -17,14 +17,15 @@ from torch.func import functional_call, grad, vmap
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: nothing is downloaded
 
 import train  # noqa: E402
-import selection_callbacks.scoring.ghost as ghost  # noqa: E402
+import selection_callbacks.scoring.ghost.engine as ghost  # noqa: E402
 from selection_callbacks.methods.bases.ghost import GhostSelection, excluded_layers  # noqa: E402
 from models import LitCausalLM  # noqa: E402
 from models.hf_causal_lm import causal_lm_config  # noqa: E402
 from selection_callbacks.methods import GreatsSelection, OPUSSelection  # noqa: E402
 from selection_callbacks.nn.optim import build_optimizer  # noqa: E402
-from selection_callbacks.scoring.ghost import GhostEngine, scored_layers, shared_weights, unscorable_layers  # noqa: E402
-from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner  # noqa: E402
+from selection_callbacks.scoring.ghost.engine import GhostEngine  # noqa: E402
+from selection_callbacks.scoring.ghost.layers import scored_layers, shared_weights, unscorable_layers  # noqa: E402
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps  # noqa: E402
 from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, sketch_blocks  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[1]
@@ -105,7 +106,7 @@ def test_utilities_and_norms_match_per_sample_gradients(stacking: str, name: str
     head, tied or not) per layer, under the live optimizer's maps: Muon on hidden matrices (a Conv1D's in its
     stored [in, out] orientation, at its group's rescaled lr), AdamW on the embedding, head and biases."""
     lit, opt = _trained(name, tied, optimizer)
-    batch, resolver = _rows(), OptimizerPreconditioner(opt)
+    batch, resolver = _rows(), OptimizerStepMaps(opt)
     engine = GhostEngine(lit.model, include_embedding=True, include_head=True, norms=True)
     got = engine.score(lit.per_sample_loss, batch, N_CAND, resolver)
     layers = [(n, m) for n, m in engine.layers if n not in got.shared]
@@ -131,7 +132,7 @@ def test_sketch_is_each_weights_count_sketch(stacking: str, name: str, tied: boo
     AdamW map is sketched through its rank-1 factorisation, so the embedding and head are left out there); the count
     sketch materialises P G_i and is exact for every map (AdamW on the tied weight here)."""
     lit, opt = _trained(name, tied, optimizer)
-    batch, resolver = _rows(), OptimizerPreconditioner(opt)
+    batch, resolver = _rows(), OptimizerStepMaps(opt)
     outer = optimizer != "muon"
     engine = GhostEngine(lit.model, include_embedding=outer, include_head=outer, sketch_dim=256, sketch=sketch)
     got = engine.score(lit.per_sample_loss, batch, N_CAND, resolver, seed=3)
@@ -205,7 +206,7 @@ def test_an_unsupported_layer_is_named_with_the_option_that_skips_it() -> None:
     assert "model.layers.0.self_attn.o_proj" in exclude
     engine = GhostEngine(lit.model, exclude=exclude)
     assert {n.split(".")[2] for n, _ in engine.layers} == {"1"}
-    got = engine.score(lit.per_sample_loss, _rows(), N_CAND, OptimizerPreconditioner(torch.optim.SGD(lit.parameters(), lr=0.1)))
+    got = engine.score(lit.per_sample_loss, _rows(), N_CAND, OptimizerStepMaps(torch.optim.SGD(lit.parameters(), lr=0.1)))
     assert got.utilities.shape == (N_CAND,) and torch.isfinite(got.utilities).all()
     for name in ("llama", "gpt2", "qwen2"):  # norms (1-D gains), rotary tables (no parameters): nothing unscorable
         model = _model(name, True).model
@@ -217,7 +218,7 @@ def test_candidate_chunks_keep_the_position_table_shared(stacking: str) -> None:
     """Passes of one candidate each see GPT-2's position ids [1, T] as one row: still a shared table; the tied weight's
     map, fixed in the first pass, carries over; the scores are one pass's."""
     lit, opt = _trained("gpt2", True, "adamw")
-    batch, resolver = _rows(), OptimizerPreconditioner(opt)
+    batch, resolver = _rows(), OptimizerStepMaps(opt)
     whole = GhostEngine(lit.model, include_embedding=True, include_head=True).score(lit.per_sample_loss, batch, N_CAND, resolver)
     chunked = GhostEngine(lit.model, include_embedding=True, include_head=True, candidate_chunk=1).score(
         lit.per_sample_loss, batch, N_CAND, resolver)
@@ -260,6 +261,6 @@ def test_muon_utility_of_a_conv1d_is_the_transposed_linears() -> None:
     reference = torch.optim.Muon([linear], lr=0.02, momentum=0.95, weight_decay=0.01)
     reference.state[linear]["momentum_buffer"] = opt.muon.state[conv.weight]["momentum_buffer"].T.clone()
     gbar = torch.randn(1, 64, 256, generator=torch.Generator().manual_seed(0))
-    got = OptimizerPreconditioner(opt)([conv.weight], gbar).utility_vector(gbar)
-    want = OptimizerPreconditioner(reference)([linear], gbar.mT).utility_vector(gbar.mT)
+    got = OptimizerStepMaps(opt)([conv.weight], gbar).utility_vector(gbar)
+    want = OptimizerStepMaps(reference)([linear], gbar.mT).utility_vector(gbar.mT)
     torch.testing.assert_close(got, want.mT, rtol=1e-4, atol=1e-6 * float(want.abs().max()))

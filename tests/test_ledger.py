@@ -29,16 +29,17 @@ from selection_callbacks.cli.ledger import main as ledger_main
 from selection_callbacks.methods import RandomSelection
 
 ROOT = Path(__file__).resolve().parents[1]
-# run name → method config and extra flags; opus_muon_moments reads the candidates' moments summed over the ranks
-DDP_RUNS = {"random": ("random",), "high_loss": ("high_loss",), "opus": ("opus",),
-            "opus_muon_moments": ("opus", "--model.optimizer", "muon", "--selection.init_args.muon_point", "moments")}
-STEPS, K = 6, 8  # global K sequences per step: one process K, two processes K/2 each
+# run name → method config and extra flags; the Muon runs at 1 and 2 torch threads a process
+DDP_RUNS = {"random": ("random",), "high_loss": ("high_loss",), "opus": ("opus",), "opus_muon": ("opus", "--model.optimizer", "muon"),
+            "opus_muon_2_threads": ("opus", "--model.optimizer", "muon")}
+THREADS = {"opus_muon_2_threads": 2}  # torch threads of each process of a run (1 where not named)
+STEPS, K, SEQ_LEN = 6, 8, 32  # global K sequences per step: one process K, two processes K/2 each
 
 
 def _args(corpus: dict[str, str], cache: Path, root: Path, method: str, batch_size: int, *extra: str) -> list[str]:
     return ["fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config", str(ROOT / f"configs/method/{method}.yaml"),
             "--data.pool", corpus["pool"], "--data.target", corpus["target"], "--data.val", corpus["val"],
-            "--data.seq_len", "32", "--data.progress", "false", "--data.cache_dir", str(cache),
+            "--data.seq_len", str(SEQ_LEN), "--data.progress", "false", "--data.cache_dir", str(cache),
             "--data.batch_size", str(batch_size), "--data.val_samples", "16",
             "--model.config.n_layer", "2", "--model.config.n_embd", "32", "--model.config.n_head", "2",
             "--trainer.max_steps", str(STEPS), "--trainer.val_check_interval", str(STEPS),
@@ -46,9 +47,9 @@ def _args(corpus: dict[str, str], cache: Path, root: Path, method: str, batch_si
             "--trainer.default_root_dir", str(root), *extra]
 
 
-def _launch(args: list[str], log: Path) -> subprocess.Popen:
-    """``python train.py ARGS`` with one thread per process and tests/ importable (test-only callbacks)."""
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "WANDB_SILENT": "true",
+def _launch(args: list[str], log: Path, threads: int = 1) -> subprocess.Popen:
+    """``python train.py ARGS`` with ``threads`` torch threads per process and tests/ importable (test-only callbacks)."""
+    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "WANDB_SILENT": "true",
            "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env,
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
@@ -61,7 +62,8 @@ def _wait(proc: subprocess.Popen, log: Path, expect: int = 0) -> None:
 
 @pytest.fixture(scope="module")
 def runs(tiny_corpus, tmp_path_factory) -> dict[str, dict[str, Path]]:
-    """For each run of ``DDP_RUNS``: a single-process run (K) in-process and a 2-process DDP run (K/2 each) in subprocesses.
+    """For each run of ``DDP_RUNS``: a single-process run (K) and a 2-process DDP run (K/2 each) in subprocesses, each
+    process at the run's ``THREADS``.
 
     The random DDP run also logs to W&B (offline), to check the dashboard under DDP.
     """
@@ -72,24 +74,54 @@ def runs(tiny_corpus, tmp_path_factory) -> dict[str, dict[str, Path]]:
     dirs = {m: {"single": root / f"{m}-single", "ddp": root / f"{m}-ddp"} for m in DDP_RUNS}
     wandb = ["--config", str(ROOT / "configs/logger/wandb.yaml"), "--dashboard.histogram_every", "2",
              "--trainer.logger.init_args.save_dir", str(dirs["random"]["ddp"])]
-    ddp = [(_launch(_args(tiny_corpus, cache, d["ddp"], DDP_RUNS[m][0], K // 2, *DDP_RUNS[m][1:], "--trainer.devices", "2",
-                          "--trainer.strategy", "ddp", *(wandb if m == "random" else [])), root / f"{m}-ddp.log"), root / f"{m}-ddp.log")
-           for m, d in dirs.items()]
+    procs = []
     for m, d in dirs.items():
-        train.main(_args(tiny_corpus, cache, d["single"], DDP_RUNS[m][0], K, *DDP_RUNS[m][1:]))
-    for proc, log in ddp:
+        threads = THREADS.get(m, 1)
+        ddp = _args(tiny_corpus, cache, d["ddp"], DDP_RUNS[m][0], K // 2, *DDP_RUNS[m][1:], "--trainer.devices", "2",
+                    "--trainer.strategy", "ddp", *(wandb if m == "random" else []))
+        single = _args(tiny_corpus, cache, d["single"], DDP_RUNS[m][0], K, *DDP_RUNS[m][1:])
+        for args, log in ((ddp, root / f"{m}-ddp.log"), (single, root / f"{m}-single.log")):
+            procs.append((_launch(args, log, threads), log))
+    for proc, log in procs:
         _wait(proc, log)
     return dirs
 
 
+def muon_score_tolerance(steps: np.ndarray) -> np.ndarray:
+    """The bound on |score_DDP − score_single| of OPUS under Muon at each row's optimizer step (the scores are the
+    calibrated utilities û = (u − ū)/σ_u, O(1) and unitless, so the bound is absolute).
+
+    Nothing of the scoring is summed over ranks (Muon's point is the momentum each process holds, the proxy rows
+    are every rank's), so the runs differ by the order of float32 sums only. Training sums each step's gradient in
+    another order: one process reduces the K·T token terms of a weight's gradient in one pass, DDP K/2·T on each
+    rank and then the two ranks' means. A sum of n = K·T float32 terms carries a rounding error of about √n·u
+    relative (u = 2⁻²⁴, the unit roundoff; the terms' errors add as a random walk, Higham, *Accuracy and Stability
+    of Numerical Algorithms*, §2.8). Momentum and weights sum the steps' updates, so after s steps the runs'
+    weights differ by about s·√n·u relative; the scoring pass adds one more such rounding (its sums over a batch
+    of another size: the proxy gradient's P·T ≤ K·T terms). Muon maps the momentum through Newton–Schulz, whose
+    derivative has a gain of up to a^k along small singular values (the polynomial's slope a at 0 over its k
+    steps: a^k ≈ 485 for torch's coefficients), so the update, the next momentum point and the utilities relative
+    to their spread σ_u move by at most about (s + 1)·√n·u·a^k: the tolerance at step s (4.6e-4 a step here).
+    """
+    a, k = torch.optim._muon.DEFAULT_A, torch.optim._muon.DEFAULT_NS_STEPS
+    return (steps + 1) * np.sqrt(K * SEQ_LEN) * np.finfo(np.float32).eps / 2 * a**k
+
+
 @pytest.mark.parametrize("method", DDP_RUNS)
 def test_ddp_ledger_equals_single_process(runs, method: str) -> None:
+    """The DDP run's ledger is the single process's: every row, id and selection exactly; the scores within float32
+    rounding (OPUS under Muon: within :func:`muon_score_tolerance` of its step, at 1 and 2 threads a process)."""
     single, ddp = read_ledger(runs[method]["single"]), read_ledger(runs[method]["ddp"])
     assert single.num_rows == ddp.num_rows == STEPS * 2 * K  # every candidate of every global superbatch
     for column in ("step", "micro_batch", "position", "sample_id", "selected", "domain"):
         assert ddp.column(column).to_pylist() == single.column(column).to_pylist(), column
     assert sum(single.column("selected").to_pylist()) == STEPS * K
-    np.testing.assert_allclose(ddp.column("score").to_numpy(), single.column("score").to_numpy(), rtol=1e-4, atol=1e-5)
+    if DDP_RUNS[method][1:] == ("--model.optimizer", "muon"):
+        bound = muon_score_tolerance(single.column("step").to_numpy())
+        gap = np.abs(ddp.column("score").to_numpy() - single.column("score").to_numpy())
+        assert (gap <= bound).all(), f"largest gap {gap.max():.3g} against a bound of {bound[gap.argmax()]:.3g} at step {gap.argmax() // (2 * K)}"
+    else:
+        np.testing.assert_allclose(ddp.column("score").to_numpy(), single.column("score").to_numpy(), rtol=1e-4, atol=1e-5)
     assert set(single.column("world_size").to_pylist()) == {1} and set(ddp.column("world_size").to_pylist()) == {2}
     assert ddp.column("rank").to_pylist() == [p // K for p in ddp.column("position").to_pylist()]  # rank r: rows r·N…
     shards = sorted(p.name for p in (runs[method]["ddp"] / "ledger").glob("*.parquet"))

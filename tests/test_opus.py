@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import statistics
-import warnings
 
 import lightning as L
 import numpy as np
@@ -163,27 +162,13 @@ def test_opus_scores_only_the_named_layers(tiny_corpus) -> None:
 
 
 def test_opus_candidate_chunks_keep_the_selections(tiny_corpus) -> None:
-    """Scoring candidates in chunks (flat memory) selects what one pass selects (Muon's derivative at the
-    momentum: at the default batch point the step's batch is drawn from the first chunk's candidates)."""
-    one, chunked = (OPUSSelection(ratio=0.5, score_len=16, sketch_dim=64, candidate_chunk=c, muon_point="momentum") for c in (None, 3))
+    """Scoring candidates in chunks (flat memory) selects what one pass selects."""
+    one, chunked = (OPUSSelection(ratio=0.5, score_len=16, sketch_dim=64, candidate_chunk=c) for c in (None, 3))
     _fit(tiny_corpus, one, steps=3, optimizer="muon")
     _fit(tiny_corpus, chunked, steps=3, optimizer="muon")
     assert chunked.engine.candidate_chunk == 3
     torch.testing.assert_close(chunked.last_scores, one.last_scores, rtol=1e-4, atol=1e-6)
     assert chunked.last_selected.tolist() == one.last_selected.tolist()
-
-
-def test_opus_batch_point_warns_that_chunks_move_its_draws(tiny_corpus) -> None:
-    """The batch and moments points read the first pass's candidates: with candidate chunks they say so at fit
-    start; the momentum point stays silent."""
-    with pytest.warns(UserWarning, match="candidate_chunk=3"):
-        _fit(tiny_corpus, OPUSSelection(score_len=16, sketch_dim=0, candidate_chunk=3, muon_point="batch", muon_draws=2), steps=1, optimizer="muon")
-    with pytest.warns(UserWarning, match="muon_point='moments'.*candidate_chunk=3"):
-        _fit(tiny_corpus, OPUSSelection(score_len=16, sketch_dim=0, candidate_chunk=3, muon_point="moments"), steps=1, optimizer="muon")
-    with warnings.catch_warnings(record=True) as caught:
-        warnings.simplefilter("always")
-        _fit(tiny_corpus, OPUSSelection(score_len=16, sketch_dim=0, candidate_chunk=3), steps=1, optimizer="muon")
-    assert not [w for w in caught if "muon_point=" in str(w.message)]
 
 
 def test_opus_without_redundancy_builds_no_sketches(tiny_corpus) -> None:

@@ -15,9 +15,9 @@ from scipy.stats import spearmanr
 from selection_callbacks.core.rank_correlation import spearman
 from selection_callbacks.methods import OPUSSelection
 from selection_callbacks.nn.gpt import GPT
-from selection_callbacks.scoring.ghost import GhostEngine, take_rows
+from selection_callbacks.scoring.ghost.engine import GhostEngine, take_rows
 from selection_callbacks.scoring.losses import mean_token_losses
-from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from selection_callbacks.scoring.reliability import split_half_reliability
 from tests.conftest import write_jsonl
 from tests.test_opus import CFG, _fit
@@ -48,14 +48,14 @@ def test_split_halves_partition_the_proxy_rows() -> None:
         mean_token_losses(model)(rows).mean().backward()
         opt.step()
     loss_fn, engine = mean_token_losses(model), GhostEngine(model)
-    full = engine.score(loss_fn, rows, 4, OptimizerPreconditioner(opt)).utilities
-    first = engine.score(loss_fn, take_rows(rows, torch.tensor([0, 1, 2, 3, 4, 5, 6]), 11), 4, OptimizerPreconditioner(opt)).utilities
-    second = engine.score(loss_fn, take_rows(rows, torch.tensor([0, 1, 2, 3, 7, 8, 9, 10]), 11), 4, OptimizerPreconditioner(opt)).utilities
+    full = engine.score(loss_fn, rows, 4, OptimizerStepMaps(opt)).utilities
+    first = engine.score(loss_fn, take_rows(rows, torch.tensor([0, 1, 2, 3, 4, 5, 6]), 11), 4, OptimizerStepMaps(opt)).utilities
+    second = engine.score(loss_fn, take_rows(rows, torch.tensor([0, 1, 2, 3, 7, 8, 9, 10]), 11), 4, OptimizerStepMaps(opt)).utilities
     torch.testing.assert_close((3 * first + 4 * second) / 7, full, rtol=1e-4, atol=1e-6)
-    got = split_half_reliability(engine, loss_fn, rows, 4, lambda: OptimizerPreconditioner(opt))
+    got = split_half_reliability(engine, loss_fn, rows, 4, lambda: OptimizerStepMaps(opt))
     assert got == pytest.approx(spearman(first, second))
     with pytest.raises(ValueError, match="≥ 2 proxy rows"):
-        split_half_reliability(engine, loss_fn, take_rows(rows, torch.arange(5), 11), 4, lambda: OptimizerPreconditioner(opt))
+        split_half_reliability(engine, loss_fn, take_rows(rows, torch.arange(5), 11), 4, lambda: OptimizerStepMaps(opt))
 
 
 @pytest.fixture(scope="module")

@@ -14,9 +14,9 @@ import pytest
 import torch
 
 from selection_callbacks.nn.gpt import GPT
-from selection_callbacks.scoring.ghost import FACTOR_TOLERANCE, GhostEngine
+from selection_callbacks.scoring.ghost.engine import FACTOR_TOLERANCE, GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from selection_callbacks.scoring.sketch import TensorSketch
 from tests.test_opus_maps import CFG, POOL, TARGET, TRAIN_BATCH, cat, make_optimizer, per_sample_grads, windows
 
@@ -35,7 +35,7 @@ def late_adamw():
         row_losses(model)(windows(POOL, TRAIN_BATCH, gen)).mean().backward()
         opt.step()
     batch = cat(windows(POOL, N, gen), windows(TARGET, PROXY, gen))
-    resolve, params = OptimizerPreconditioner(opt), dict(model.named_parameters())
+    resolve, params = OptimizerStepMaps(opt), dict(model.named_parameters())
     G = per_sample_grads(model, batch)
     gram = torch.zeros(N, N)
     for name, _ in GhostEngine(model, include_head=True).layers:
@@ -51,7 +51,7 @@ def pair_errors(engine: GhostEngine, model, opt, batch, gram) -> tuple[list[floa
     iu = torch.triu_indices(N, N, 1)
     absolute, signed = [], []
     for seed in range(SEEDS):
-        S = engine.score(row_losses(model), batch, N, OptimizerPreconditioner(opt), seed=seed).sketches
+        S = engine.score(row_losses(model), batch, N, OptimizerStepMaps(opt), seed=seed).sketches
         e = ((S @ S.T - gram) / torch.outer(norms, norms))[iu[0], iu[1]]
         absolute.append(float(e.abs().mean()))
         signed.append(float(e.mean()))
@@ -68,7 +68,7 @@ def test_adamw_sketch_is_faithful_at_step_300(late_adamw) -> None:
     for k, (absolute, signed) in errors.items():
         print(f"{k}: mean |e| {statistics.mean(absolute):.4f}, mean e {statistics.mean(signed):+.4f} "
               f"± {statistics.stdev(signed) / math.sqrt(SEEDS):.4f}")
-    factored = engines["tensor"].score(row_losses(model), batch, N, OptimizerPreconditioner(opt), seed=0).factored
+    factored = engines["tensor"].score(row_losses(model), batch, N, OptimizerStepMaps(opt), seed=0).factored
     assert factored and "lm_head" not in factored  # the default factors the hidden layers, forms the head (ρ 0.73)
     for kind in ("tensor", "formed"):
         absolute, signed = errors[kind]
@@ -87,7 +87,7 @@ def test_sketch_error_probe_is_the_real_error(late_adamw) -> None:
     k = 4
     for tolerance in (0.0, math.inf):
         engine = GhostEngine(model, include_head=True, sketch_dim=M, factor_tolerance=tolerance)
-        got = engine.score(row_losses(model), batch, N, OptimizerPreconditioner(opt), seed=3, probe=k)
+        got = engine.score(row_losses(model), batch, N, OptimizerStepMaps(opt), seed=3, probe=k)
         S, exact = got.sketches[:k], gram[:k, :k]
         est, norms = S @ S.T, exact.diagonal().sqrt()
         iu = torch.triu_indices(k, k, 1)
@@ -96,7 +96,7 @@ def test_sketch_error_probe_is_the_real_error(late_adamw) -> None:
         torch.testing.assert_close(got.sketch_error["sq_norm"], (est.diagonal() / exact.diagonal() - 1).mean(), rtol=1e-3, atol=1e-5)
         assert got.factored == ([] if tolerance == 0 else [name for name, _ in engine.layers])
     print("ρ per layer:", {name: round(float(v), 3) for name, v in got.relative_factor_error.items()})
-    pre = OptimizerPreconditioner(opt)([model.lm_head.weight], torch.zeros(1, *model.lm_head.weight.shape))
+    pre = OptimizerStepMaps(opt)([model.lm_head.weight], torch.zeros(1, *model.lm_head.weight.shape))
     r, c = pre.rank1()
     q = torch.outer(r[0], c[0]) / pre.D[0]
     explicit = ((q * q.square().mean().rsqrt() - 1) ** 2).mean().sqrt()

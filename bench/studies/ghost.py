@@ -4,21 +4,17 @@
 
 For a GPT of ~11M parameters and N = 16, 32, 64 candidates (+ a proxy batch), each variant runs in
 its own subprocess so peak RSS only rises within it:
-- ``engine``: GhostEngine, exact utilities + TensorSketch (live AdamW preconditioner), candidates
+- ``engine``: GhostEngine, exact utilities + TensorSketch (live AdamW map), candidates
   in passes of ``--engine-chunk`` rows, the proxy rows with the first (activation memory flat in N);
 - ``naive``: chunked ``vmap(grad)`` per-sample gradients of the scored weights, the same (exact)
-  preconditioner, utilities and the same hash family applied to the materialised P G_i;
+  map, utilities and the same hash family applied to the materialised P G_i;
 - ``naive_full``: the same with all N per-sample gradients at once (no chunking): memory ∝ N;
 - ``floor``: one plain forward + backward over the same tokens (parameter ``.grad``).
 With ``--maps`` the engine is also timed with AdamW's sketch from P G_i formed in every layer
 (``engine_formed``) and through the rescaled rank-1 factors of D in every layer (``engine_factored``; the
-engine's default takes the factors where ρ ≤ ``FACTOR_TOLERANCE``), with its other
-utility maps: ``engine_adamw_proxy_in_v``
-(AdamW with ḡ² in v), and on a Muon + AdamW optimizer ``engine_muon`` (Newton–Schulz VJPs at 8
-draws of a K = N/2 row batch), ``engine_muon_mirrored`` (two VJPs: one drawn batch and its mirror image
-about the candidates' mean), ``engine_muon_momentum`` (one VJP at the momentum), ``engine_muon_moments``
-(one VJP at the momentum with a K = N/2 row batch's expected moments from the candidates) and
-``engine_muon_frozen`` (utilities through the frozen Newton–Schulz map, the maps before the VJP).
+engine's default takes the factors where ρ ≤ ``FACTOR_TOLERANCE``), and on a Muon + AdamW optimizer
+``engine_muon_momentum`` (one VJP at the momentum) and ``engine_muon_frozen`` (utilities through the
+frozen Newton–Schulz map, the maps before the VJP).
 On CPU, memory is the peak RSS increase of the first call over the state right before it (the
 kernel's high-water mark reset through /proc/self/clear_refs; glibc's mmap threshold fixed so
 freed tensors leave RSS); time, measured in a second process with the default allocator, is the
@@ -50,9 +46,11 @@ from jsonargparse import ArgumentParser
 from bench.harness.report import write_json
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
-from selection_callbacks.scoring.ghost import FACTOR_TOLERANCE, GhostEngine, scored_layers
+from selection_callbacks.scoring.ghost.engine import FACTOR_TOLERANCE, GhostEngine
+from selection_callbacks.scoring.ghost.layers import scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner, Preconditioner
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
+from selection_callbacks.scoring.maps.base import OptimizerMap
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 
 PROXY = 8
@@ -89,14 +87,14 @@ def setup(args: argparse.Namespace):
 
 def prepare_engine(model, opt, rows, args) -> Callable[[], None]:
     engine = GhostEngine(model, sketch_dim=args.sketch_dim, sketch="tensor", candidate_chunk=args.engine_chunk or None)
-    return lambda: engine.score(row_losses(model), rows, args.n, OptimizerPreconditioner(opt))
+    return lambda: engine.score(row_losses(model), rows, args.n, OptimizerStepMaps(opt))
 
 
 class FrozenUtilities:
     """The optimizer's maps with utilities ⟨P G_i, ḡ⟩ through the frozen map P (the maps before the VJP)."""
 
     def __init__(self, opt: torch.optim.Optimizer) -> None:
-        self.resolve = OptimizerPreconditioner(opt, "proxy_in_v")
+        self.resolve = OptimizerStepMaps(opt)
 
     def group_key(self, param: torch.nn.Parameter):
         return self.resolve.group_key(param)
@@ -104,7 +102,7 @@ class FrozenUtilities:
     def stacks(self, param: torch.nn.Parameter) -> bool:
         return self.resolve.stacks(param)
 
-    def __call__(self, params, gbar: torch.Tensor, step=None) -> Preconditioner:
+    def __call__(self, params, gbar: torch.Tensor) -> OptimizerMap:
         pre = self.resolve(params, gbar)
         pre.utility_vector = pre.apply
         return pre
@@ -122,15 +120,9 @@ def prepare_engine_with(resolver: Callable, factor_tolerance: float = FACTOR_TOL
 
 
 MAP_VARIANTS = {
-    "engine_formed": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt), factor_tolerance=0.0),
-    "engine_factored": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt), factor_tolerance=float("inf")),
-    "engine_adamw_proxy_in_v": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, "proxy_in_v")),
-    "engine_muon": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2)),
-    "engine_muon_mirrored": prepare_engine_with(
-        lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2, muon_draws=2, muon_mirrored=True)),
-    "engine_muon_momentum": prepare_engine_with(lambda opt, args: OptimizerPreconditioner(opt)),
-    "engine_muon_moments": prepare_engine_with(
-        lambda opt, args: OptimizerPreconditioner(opt, muon_batch=args.n // 2, muon_moments=True)),
+    "engine_formed": prepare_engine_with(lambda opt, args: OptimizerStepMaps(opt), factor_tolerance=0.0),
+    "engine_factored": prepare_engine_with(lambda opt, args: OptimizerStepMaps(opt), factor_tolerance=float("inf")),
+    "engine_muon_momentum": prepare_engine_with(lambda opt, args: OptimizerStepMaps(opt)),
     "engine_muon_frozen": prepare_engine_with(lambda opt, args: FrozenUtilities(opt)),
 }
 
@@ -165,7 +157,7 @@ def prepare_naive(model, opt, rows, args, chunk: int | None = None) -> Callable[
         scored = {k: params[k].detach() for k in names}
         proxy = per_sample(scored, rows["input_ids"][args.n :], rows["labels"][args.n :])
         gbar = {k: proxy[k].mean(0) for k in names}
-        maps = {k: OptimizerPreconditioner(opt)([params[k]], gbar[k][None]) for k in names}
+        maps = {k: OptimizerStepMaps(opt)([params[k]], gbar[k][None]) for k in names}
         utilities = []
         for i in range(0, args.n, chunk):
             j = min(i + chunk, args.n)  # candidates only, never the proxy rows after them

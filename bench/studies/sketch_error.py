@@ -45,9 +45,9 @@ from bench.studies.ghost import per_sample_weight_grads, setup
 from bench.harness.report import write_json
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
-from selection_callbacks.scoring.ghost import GhostEngine
+from selection_callbacks.scoring.ghost.engine import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import OptimizerPreconditioner
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 
 VOCAB, SEEN = 320, 256  # ids ≥ SEEN never occur (the byte model's unused rows)
@@ -58,7 +58,7 @@ def preconditioned_grads(model, opt, rows, n: int) -> dict[str, torch.Tensor]:
     names, per_sample = per_sample_weight_grads(model)
     params = dict(model.named_parameters())
     G = per_sample({k: params[k].detach() for k in names}, rows["input_ids"], rows["labels"])
-    resolve = OptimizerPreconditioner(opt)
+    resolve = OptimizerStepMaps(opt)
     return {k: resolve([params[k]], G[k][n:].mean(0)[None]).apply(G[k][None, :n])[0] for k in names}
 
 
@@ -98,7 +98,7 @@ def exact_gram(model, opt, layers: list[str], batch: dict, n: int) -> torch.Tens
         return F.cross_entropy(functional_call(model, p, (x[None],))[0], y)
 
     G = vmap(grad(single), in_dims=(None, 0, 0))(params, batch["input_ids"], batch["labels"])
-    resolve, live = OptimizerPreconditioner(opt), dict(model.named_parameters())
+    resolve, live = OptimizerStepMaps(opt), dict(model.named_parameters())
     gram = torch.zeros(n, n)
     for name in layers:
         g = G[f"{name}.weight"]
@@ -114,14 +114,14 @@ def score_variant(engine: GhostEngine, model, opt, batch: dict, n: int, gram: to
     absolute, signed, bias, ms = [], [], [], []
     for seed in range(seeds):
         start = time.perf_counter()
-        S = engine.score(row_losses(model), batch, n, OptimizerPreconditioner(opt), seed=seed).sketches
+        S = engine.score(row_losses(model), batch, n, OptimizerStepMaps(opt), seed=seed).sketches
         ms.append(1e3 * (time.perf_counter() - start))
         K = S @ S.T
         e = ((K - gram) / torch.outer(norms, norms))[iu[0], iu[1]]
         absolute.append(float(e.abs().mean()))
         signed.append(float(e.mean()))
         bias.append(float((K.diagonal() / gram.diagonal() - 1).mean()))
-    probe = engine.score(row_losses(model), batch, n, OptimizerPreconditioner(opt), seed=0, probe=8)
+    probe = engine.score(row_losses(model), batch, n, OptimizerStepMaps(opt), seed=0, probe=8)
     return {"abs_error": statistics.mean(absolute), "signed": statistics.mean(signed),
             "signed_se": statistics.stdev(signed) / math.sqrt(seeds), "sq_norm_bias": statistics.mean(bias),
             "probe": float(probe.sketch_error["gram"]), "ms": statistics.median(ms), "factored_layers": len(probe.factored)}
@@ -151,7 +151,7 @@ def stages(args) -> dict:
             opt.zero_grad(set_to_none=True)
             batch = data.rows(args.n + args.proxy, args.score_len)
             gram = exact_gram(model, opt, layers, batch, args.n)
-            probe = engines["tensor"].score(row_losses(model), batch, args.n, OptimizerPreconditioner(opt), probe=2)
+            probe = engines["tensor"].score(row_losses(model), batch, args.n, OptimizerStepMaps(opt), probe=2)
             row = {"optimizer": optimizer, "beta2": beta2, "step": step,
                    "rho": statistics.mean(float(v) for v in probe.relative_factor_error.values()) if probe.relative_factor_error else None,
                    "factor_error": statistics.mean(float(v) for v in probe.factor_error.values()) if probe.factor_error else None}

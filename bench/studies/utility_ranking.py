@@ -18,18 +18,11 @@ table). Torch's Muon iterates Newton–Schulz in bfloat16, whose rounding swamps
 the copy runs the same coefficients and steps in float64 (``bf16_error``: its relative Frobenius
 distance from torch's own step, the largest over Muon's matrices).
 
-Each map variant's GhostEngine utilities ⟨G_i, −Jᵀḡ_proxy⟩ (the OPUSSelection preconditioner at
+Each map variant's GhostEngine utilities ⟨G_i, −Jᵀḡ_proxy⟩ (the OPUSSelection maps at
 K rows) are scored against the effects by Spearman's ρ and by the top-K overlap
-|top-16 by utility ∩ top-16 by effect| (8 expected at random). AdamW: ``frozen`` (the default: the
-derivative at torch's v) and ``proxy_in_v`` (ḡ_proxy² in v). Muon: ``momentum`` (the default: the
-Newton–Schulz derivative at the momentum), ``batch`` (at μ²·buf + (1 − μ²)·ḡ_S averaged over 8 drawn
-K-row batches S), ``batch_2`` and ``batch_1`` (the same over 2 draws and 1: a quarter and an eighth of
-its vector–Jacobian products), ``candidate_mean`` (at μ²·buf + (1 − μ²)·ḡ_C with ḡ_C the mean gradient
-of all N candidates: one product, as the momentum point), ``mirrored_2`` and ``mirrored_8`` (one and four
-drawn batches each with its mirror image 2ḡ_C − ḡ_S about that mean: 2 and 8 products), ``moments`` (one point
-carrying a K-row batch's expected moments from the candidates: ``moments_point``, one product), ``lag_1``, ``lag_3`` and
-``lag_7`` (the momentum point taken 1, 3 and 7 steps earlier: the stalest point ``OPUSSelection(muon_refresh=r)``
-reads for r = 2, 4, 8) and ``frozen_ns`` (the old self-adjoint map, Newton–Schulz frozen at the momentum);
+|top-16 by utility ∩ top-16 by effect| (8 expected at random). AdamW: ``frozen`` (the derivative at
+torch's v). Muon: ``momentum`` (the Newton–Schulz derivative at the momentum) and ``frozen_ns`` (the
+self-adjoint map, Newton–Schulz frozen at the momentum);
 ``at_base_batch`` is the derivative at the point the reference step really orthogonalises
 (μ²·buf + (1 − μ²)·K/(K+1)·ḡ_B), which needs the base batch no scorer sees: the ceiling of any
 evaluation point.
@@ -64,9 +57,10 @@ from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.methods import OPUSSelection
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
-from selection_callbacks.scoring.ghost import GhostEngine
+from selection_callbacks.scoring.ghost.engine import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.preconditioners import NewtonSchulz, OptimizerPreconditioner
+from selection_callbacks.scoring.maps.muon import MuonMap, NewtonSchulz
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from tests.support.toy_corpus import make_docs
 
 T = 16
@@ -74,12 +68,9 @@ CFG = GPTConfig(vocab_size=320, block_size=T, n_layer=1, n_head=2, n_embd=32)
 K, N_CAND, N_PROXY, TRAIN_BATCH = 16, 32, 8, 8
 LR, WD, BETA1, BETA2, MUON_LR, MUON_MU = 3e-3, 0.1, 0.9, 0.95, 0.02, 0.95
 NS = NewtonSchulz((torch_muon.DEFAULT_A, torch_muon.DEFAULT_B, torch_muon.DEFAULT_C), torch_muon.DEFAULT_NS_STEPS, torch_muon.EPS)
-VARIANTS = {"adamw": ("frozen", "proxy_in_v"),
-            "muon": ("momentum", "batch", "batch_2", "batch_1", "candidate_mean", "mirrored_2", "mirrored_8", "moments", "lag_1", "lag_3", "lag_7", "frozen_ns",
-                     "at_base_batch")}
-LAGS = (1, 3, 7)
+VARIANTS = {"adamw": ("frozen",), "muon": ("momentum", "frozen_ns", "at_base_batch")}
 
-Resolver = Callable[..., object]
+StepMaps = Callable[..., object]
 
 
 def stream(docs: list[dict]) -> torch.Tensor:
@@ -173,7 +164,8 @@ class AtBaseBatch:
     ceiling for any evaluation point, not a map OPUS can use)."""
 
     def __init__(self, opt: torch.optim.Optimizer, model: torch.nn.Module, g_base: dict[str, torch.Tensor]) -> None:
-        self.inner = OptimizerPreconditioner(opt, muon_batch=K, muon_draws=1)
+        self.inner = OptimizerStepMaps(opt)
+        self.muon = opt.muon
         self.names = {id(p): k for k, p in model.named_parameters()}
         self.g_base = g_base
 
@@ -183,42 +175,25 @@ class AtBaseBatch:
     def stacks(self, param):
         return self.inner.stacks(param)
 
-    def __call__(self, params, gbar, step=None):
-        batch = torch.stack([self.g_base[self.names[id(p)]].float() for p in params])[None]
-        return self.inner(params, gbar, SimpleNamespace(mean_gradients=lambda rows, draws, mirrored: batch) if step is not None else None)
-
-
-class Lagged:
-    """The momentum point of an earlier step: the OPUS preconditioner resolved while Muon's momentum buffers hold
-    ``buffers`` (param → the buffer of that step), the live ones put back before it returns (the map has read them)."""
-
-    def __init__(self, opt: torch.optim.Optimizer, buffers: dict[torch.nn.Parameter, torch.Tensor]) -> None:
-        self.inner = OptimizerPreconditioner(opt)
-        self.muon, self.buffers = opt.muon, buffers
-
-    def group_key(self, param):
-        return self.inner.group_key(param)
-
-    def stacks(self, param):
-        return self.inner.stacks(param)
-
-    def __call__(self, params, gbar, step=None):
-        live = {p: self.muon.state[p]["momentum_buffer"] for p in self.buffers}
-        try:
-            for p, buf in self.buffers.items():
-                self.muon.state[p]["momentum_buffer"] = buf
-            return self.inner(params, gbar, step)
-        finally:
-            for p, buf in live.items():
-                self.muon.state[p]["momentum_buffer"] = buf
+    def __call__(self, params, gbar):
+        pre = self.inner(params, gbar)
+        if isinstance(pre, MuonMap):  # the momentum's share plus the base batch's
+            group = next(g for g in self.muon.param_groups if any(q is params[0] for q in g["params"]))
+            mu = group["momentum"]
+            coef, carry = (1 - mu * mu, mu * mu) if group["nesterov"] else (1 - mu, mu)
+            bufs = [self.muon.state.get(p, {}).get("momentum_buffer") for p in params]
+            batch = torch.stack([self.g_base[self.names[id(p)]].float() for p in params])
+            kept = torch.stack([torch.zeros_like(g) if b is None else carry * b.float() for g, b in zip(batch, bufs)])
+            pre.point = batch.mul_(coef).add_(kept)
+        return pre
 
 
 class FrozenMaps:
     """The maps before the derivative: utilities ⟨P G_i, ḡ⟩ through the frozen, self-adjoint P
-    (AdamW with ḡ² in v, Muon's Newton–Schulz frozen at the momentum)."""
+    (AdamW's own map, Muon's Newton–Schulz frozen at the momentum)."""
 
     def __init__(self, opt: torch.optim.Optimizer) -> None:
-        self.inner = OptimizerPreconditioner(opt, "proxy_in_v")
+        self.inner = OptimizerStepMaps(opt)
 
     def group_key(self, param):
         return self.inner.group_key(param)
@@ -226,7 +201,7 @@ class FrozenMaps:
     def stacks(self, param):
         return self.inner.stacks(param)
 
-    def __call__(self, params, gbar, step=None):
+    def __call__(self, params, gbar):
         pre = self.inner(params, gbar)
         pre.utility_vector = pre.apply
         return pre
@@ -242,7 +217,7 @@ class Probe:
     bf16_error: float
 
 
-def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolvers: dict[str, Resolver],
+def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolvers: dict[str, StepMaps],
           gen: torch.Generator, beta2: float = BETA2) -> Probe:
     """Draws K base rows, N_CAND candidates and N_PROXY proxy rows from ``gen``; scores the candidates with
     the GhostEngine through every resolver (under Muon also :class:`AtBaseBatch`) and measures effect_i on a
@@ -273,23 +248,12 @@ def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolve
     return Probe(utilities, np.array(effect), bf16_error)
 
 
-def resolvers(opt: torch.optim.Optimizer, name: str, history: list[dict] | None = None) -> dict[str, Resolver]:
-    """The map variants of ``name``'s configuration (see the module docstring), as OPUS resolves them at K rows;
-    ``history`` holds Muon's momentum buffers after each earlier step, the latest last (the lagged points)."""
+def resolvers(opt: torch.optim.Optimizer, name: str) -> dict[str, StepMaps]:
+    """The map variants of ``name``'s configuration (see the module docstring), as OPUS resolves them at K rows."""
     trainer = SimpleNamespace(optimizers=[opt], accumulate_grad_batches=1, world_size=1)
     if name == "adamw":
-        return {"frozen": OPUSSelection().preconditioner(trainer, K),
-                "proxy_in_v": OPUSSelection(adamw_map="proxy_in_v").preconditioner(trainer, K)}
-    return {"momentum": OPUSSelection().preconditioner(trainer, K),
-            "batch": OPUSSelection(muon_point="batch").preconditioner(trainer, K),
-            "batch_2": OPUSSelection(muon_point="batch", muon_draws=2).preconditioner(trainer, K),
-            "batch_1": OPUSSelection(muon_point="batch", muon_draws=1).preconditioner(trainer, K),
-            "candidate_mean": OPUSSelection(muon_point="batch", muon_draws=1).preconditioner(trainer, N_CAND),
-            "mirrored_2": OPUSSelection(muon_point="batch", muon_draws=2, muon_mirrored=True).preconditioner(trainer, K),
-            "mirrored_8": OPUSSelection(muon_point="batch", muon_draws=8, muon_mirrored=True).preconditioner(trainer, K),
-            "moments": OPUSSelection(muon_point="moments").preconditioner(trainer, K),
-            **{f"lag_{lag}": Lagged(opt, history[-1 - lag]) for lag in LAGS if history and len(history) > lag},
-            "frozen_ns": FrozenMaps(opt)}
+        return {"frozen": OPUSSelection().step_maps(trainer, K)}
+    return {"momentum": OPUSSelection().step_maps(trainer, K), "frozen_ns": FrozenMaps(opt)}
 
 
 def top_overlap(utility: np.ndarray, effect: np.ndarray, k: int = K) -> int:
@@ -304,13 +268,10 @@ def stages(name: str, beta2: float, seed: int, steps: list[int]) -> Iterator[tup
     model = GPT(CFG)
     opt = make_optimizer(model, name, beta2)
     gen = torch.Generator().manual_seed(100 + seed)
-    history: list[dict] = []  # Muon's momentum buffers after each of the last max(LAGS) + 1 steps
     for step in range(1, max(steps) + 1):
         train_step(model, opt, gen)
-        if name == "muon":
-            history = [*history[-max(LAGS):], {p: st["momentum_buffer"].clone() for p, st in opt.muon.state.items()}]
         if step in steps:
-            yield step, probe(model, opt, name, resolvers(opt, name, history), torch.Generator().manual_seed(7 * seed + step), beta2)
+            yield step, probe(model, opt, name, resolvers(opt, name), torch.Generator().manual_seed(7 * seed + step), beta2)
 
 
 def summarise(states: list[dict]) -> list[dict]:

@@ -26,7 +26,7 @@ class MuonWithAdamW(torch.optim.Optimizer):
     schedulers work unchanged: :attr:`param_groups` are the inner optimizers' own group dicts
     (a scheduler that sets ``lr`` reaches them), and :meth:`state_dict` nests both states.
     Each group carries ``"optimizer": "muon" | "adamw"``; :meth:`optimizer_for` resolves a
-    parameter to the inner optimizer that updates it (for preconditioners).
+    parameter to the inner optimizer that updates it (for the optimizer maps).
 
     Example::
 

@@ -15,7 +15,8 @@ from collections.abc import Callable, MutableMapping
 import torch
 
 from selection_callbacks.core.rank_correlation import spearman
-from selection_callbacks.scoring.ghost import GhostEngine, Resolver, take_rows
+from selection_callbacks.scoring.ghost.engine import GhostEngine, take_rows
+from selection_callbacks.scoring.maps.base import StepMaps
 
 
 def split_half_reliability(
@@ -23,14 +24,14 @@ def split_half_reliability(
     loss_fn: Callable[[MutableMapping], torch.Tensor],
     rows: MutableMapping,
     n_candidates: int,
-    resolver: Callable[[], Resolver],
+    resolver: Callable[[], StepMaps],
     seed: int = 0,
 ) -> float:
     """Spearman of the N candidates' utilities against proxy rows [N, N + P//2) and against [N + P//2, N + P).
 
     ``rows`` are the scoring rows (candidates then P ≥ 2 proxy rows); ``resolver`` makes the step's map
-    afresh for each half (a map that reads the proxy gradient, as AdamW's ``proxy_in_v`` does, sees
-    only its half's). Two forward/backward passes of ``engine`` (best built without sketches: only
+    afresh for each half (a map that reads the proxy gradient, as AdamW's before its first step does,
+    sees only its half's). Two forward/backward passes of ``engine`` (best built without sketches: only
     the utilities are read). NaN where a half leaves fewer than 3 candidates with finite utilities.
     """
     n_rows = rows["input_ids"].shape[0]

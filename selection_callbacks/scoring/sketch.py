@@ -19,7 +19,7 @@ import math
 
 import torch
 
-from selection_callbacks.scoring.preconditioners import rows_matmul
+from selection_callbacks.scoring.maps.base import rows_matmul
 
 
 def _generator(seed: int, layer: int) -> torch.Generator:

@@ -30,16 +30,9 @@ from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.token_bin import load_token_bin
 from selection_callbacks.nn.heads import vocabulary_size
-from selection_callbacks.scoring.ghost import (
-    FACTOR_TOLERANCE,
-    GhostEngine,
-    GhostScores,
-    Resolver,
-    check_precision,
-    scored_layers,
-    shared_weights,
-    unscorable_layers,
-)
+from selection_callbacks.scoring.ghost.engine import FACTOR_TOLERANCE, GhostEngine, GhostScores, check_precision
+from selection_callbacks.scoring.maps.base import StepMaps
+from selection_callbacks.scoring.ghost.layers import scored_layers, shared_weights, unscorable_layers
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.reliability import split_half_reliability
 from selection_callbacks.scoring.windows import score_windows
@@ -234,7 +227,7 @@ class GhostSelection(SelectionCallback):
         return {k: v.to(device) for k, v in score_windows(rows, self.score_len, gen).items()}
 
     @abstractmethod
-    def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
+    def step_maps(self, trainer: L.Trainer, k: int) -> StepMaps:
         """The per-parameter map P of this step (K: sequences kept per micro-batch)."""
 
     @override
@@ -259,7 +252,7 @@ class GhostSelection(SelectionCallback):
         diagnose = self.diagnostic_call()
         loss_fn = lambda b: per_sample_loss(pl_module, b)
         probe = self.sketch_check if diagnose else 0
-        self._last = self.engine.score(loss_fn, rows, n, self.preconditioner(trainer, k), self.seed, probe,
+        self._last = self.engine.score(loss_fn, rows, n, self.step_maps(trainer, k), self.seed, probe,
                                        factor_errors=logs_this_step(trainer))  # read only by the logged metrics
         self._count_passes(rows["input_ids"].numel())
         self._check = self._diagnose(trainer, k, loss_fn, rows, n) if diagnose else None
@@ -272,7 +265,7 @@ class GhostSelection(SelectionCallback):
         check = {"step": float(trainer.global_step)}
         if self._halves_engine is not None and rows["input_ids"].shape[0] - n >= 2:
             check["utility_split_half"] = split_half_reliability(
-                self._halves_engine, loss_fn, rows, n, lambda: self.preconditioner(trainer, k), self.seed)
+                self._halves_engine, loss_fn, rows, n, lambda: self.step_maps(trainer, k), self.seed)
             self._count_passes(rows["input_ids"].numel() + n * rows["input_ids"].shape[1])  # each half with every candidate
         if self._last is not None and self._last.sketch_error:
             check["sketch_error"] = float(self._last.sketch_error["gram"])

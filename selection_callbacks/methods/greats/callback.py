@@ -8,9 +8,9 @@ import lightning as L
 from typing_extensions import override
 
 from selection_callbacks.core.selection import Scores
-from selection_callbacks.scoring.ghost import Resolver
+from selection_callbacks.scoring.maps.base import StepMaps
 from selection_callbacks.methods.bases.ghost import GhostSelection
-from selection_callbacks.scoring.preconditioners import SGDStepPreconditioner
+from selection_callbacks.scoring.maps.step_maps import SGDStepMaps
 
 
 class GreatsSelection(GhostSelection):
@@ -35,8 +35,8 @@ class GreatsSelection(GhostSelection):
         super().__init__(ratio=ratio, temperature=0.0, **kwargs)
 
     @override
-    def preconditioner(self, trainer: L.Trainer, k: int) -> Resolver:
-        return SGDStepPreconditioner(trainer.optimizers[0], k * trainer.accumulate_grad_batches)
+    def step_maps(self, trainer: L.Trainer, k: int) -> StepMaps:
+        return SGDStepMaps(trainer.optimizers[0], k * trainer.accumulate_grad_batches)
 
     @override
     def calibrate(self, scores: Scores, k: int) -> Scores:

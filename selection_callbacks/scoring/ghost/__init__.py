@@ -1,0 +1,10 @@
+"""The ghost-gradient engine, in pieces.
+
+``engine`` (``GhostEngine``: the scoring call, its passes, the grouping of layers into stacks, the sketchers),
+``capture`` (the ``Capture`` contract, how a pass obtains each layer's inputs and output gradients, and
+``HookCapture``, by hooks on the eager module), ``layers`` (which layers are scored, which share a weight),
+``scorers`` (the registry layer type → scorer, ``register_scorer``) with one module per scorer (``linear``,
+``embedding``, ``tied``) and ``state`` (what one pass holds).
+"""
+
+__all__ = ["capture", "embedding", "engine", "layers", "linear", "scorers", "state", "tied"]
