@@ -115,8 +115,8 @@ class GhostSelection(SelectionCallback):
     def __init__(
         self,
         ratio: float = 0.5,
-        score_len: int = 64,
-        sketch_dim: int = 1024,
+        score_len: int = 16,
+        sketch_dim: int = 512,
         proxy_batch_size: int = 8,
         proxy: str | None = None,
         include_embedding: bool = False,

@@ -34,7 +34,7 @@ class OPUSSelection(GhostSelection):
 
     Example::
 
-        trainer = L.Trainer(callbacks=[OPUSSelection(ratio=0.5, score_len=64, temperature=0.25)])
+        trainer = L.Trainer(callbacks=[OPUSSelection(ratio=0.5)])
 
     Args:
         ratio: kept fraction ρ = K/N.
