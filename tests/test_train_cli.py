@@ -14,7 +14,7 @@ from models.hf_causal_lm import LitCausalLM
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RandomSelection
-from tests.resume_fit import SeenIds, fit_recording_ids
+from tests.support.resume_fit import SeenIds, fit_recording_ids
 
 ROOT = Path(__file__).resolve().parents[1]
 METHODS = sorted(p.stem for p in (ROOT / "configs" / "method").glob("*.yaml"))

@@ -4,7 +4,7 @@
 
 A tiny GPT (1 block, width 32, 16-token rows, byte vocabulary) trains on the test suite's deterministic
 prose-and-noise documents (``tests/support/toy_corpus.py``, so the states are those of
-tests/test_opus_maps.py) under a real torch optimizer: AdamW with β = (0.9, β₂) per ``--beta2s``, and
+tests/scoring/test_maps.py) under a real torch optimizer: AdamW with β = (0.9, β₂) per ``--beta2s``, and
 Muon on the hidden matrices with AdamW (β₂ = 0.95) on the rest. At each of ``--steps`` and for every
 seed of ``--seeds``, a base batch of K = 16 rows, N = 32 candidates and 8 proxy rows from the target
 prose. The reference is each candidate's real marginal effect on one step: with ḡ_B the base batch's

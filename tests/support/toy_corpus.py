@@ -1,6 +1,6 @@
 """Small deterministic documents the test suite trains on (``tiny_corpus`` in tests/conftest.py): word prose or
 random printable noise. ``bench.studies.utility_ranking`` trains on them too, so its states are those of
-tests/test_opus_maps.py."""
+tests/scoring/test_maps.py."""
 
 from __future__ import annotations
 

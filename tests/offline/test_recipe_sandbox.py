@@ -24,8 +24,8 @@ from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
 from selection_callbacks.offline.autodata.search import Search, TrialStore, build_parser
 from selection_callbacks.offline.corpus import Budget
 from selection_callbacks.offline.features import feature_bank
-from tests.test_autodata import GOOD, TINY_SEARCH, Scripted, budget_of, corpora  # noqa: F401 - corpora: fixture
-from tests.test_offline_features import TINY_BANK
+from tests.offline.test_autodata import GOOD, TINY_SEARCH, Scripted, budget_of, corpora  # noqa: F401 - corpora: fixture
+from tests.offline.test_offline_features import TINY_BANK
 
 SECRET = "sandbox-secret-4711"
 SELECT = "def select(table, n_tokens, budget, rng):\n"

@@ -23,7 +23,7 @@ from selection_callbacks.data.default_corpus import (
     render_card_markdown,
 )
 
-REPO_ROOT = Path(__file__).resolve().parents[1]
+REPO_ROOT = Path(__file__).resolve().parents[2]
 ALL_FILES = (*SPLIT_FILES.values(), CARD_FILE)
 
 

@@ -20,8 +20,8 @@ from selection_callbacks.scoring.losses import mean_token_losses
 from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from selection_callbacks.scoring.reliability import split_half_reliability
 from tests.conftest import write_jsonl
-from tests.test_opus import CFG, _fit
-from tests.wandb_fit import wandb_fit
+from tests.methods.opus.test_opus import CFG, _fit
+from tests.support.wandb_fit import wandb_fit
 
 
 

@@ -28,7 +28,7 @@ from selection_callbacks.data.subset import read_subset
 from selection_callbacks.cli.ledger import main as ledger_main
 from selection_callbacks.methods import RandomSelection
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 # run name → method config and extra flags; the Muon runs at 1 and 2 torch threads a process
 DDP_RUNS = {"random": ("random",), "high_loss": ("high_loss",), "opus": ("opus",), "opus_muon": ("opus", "--model.optimizer", "muon"),
             "opus_muon_2_threads": ("opus", "--model.optimizer", "muon")}
@@ -50,7 +50,7 @@ def _args(corpus: dict[str, str], cache: Path, root: Path, method: str, batch_si
 def _launch(args: list[str], log: Path, threads: int = 1) -> subprocess.Popen:
     """``python train.py ARGS`` with ``threads`` torch threads per process and tests/ importable (test-only callbacks)."""
     env = {**os.environ, "OMP_NUM_THREADS": str(threads), "WANDB_SILENT": "true",
-           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests")])}
+           "PYTHONPATH": os.pathsep.join([str(ROOT), str(ROOT / "tests" / "support")])}
     return subprocess.Popen([sys.executable, str(ROOT / "train.py"), *args], cwd=ROOT, env=env,
                             stdout=log.open("w"), stderr=subprocess.STDOUT)
 

@@ -28,7 +28,7 @@ from selection_callbacks.scoring.ghost.layers import scored_layers, shared_weigh
 from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps  # noqa: E402
 from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, sketch_blocks  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 N_CAND, N_PROXY, T = 5, 3, 8
 # (config, tie_word_embeddings): each model as its config ships and with the other choice of head
 MODELS = [("llama", True), ("llama", False), ("gpt2", True), ("gpt2", False), ("qwen2", False), ("qwen2", True)]

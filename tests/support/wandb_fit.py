@@ -9,7 +9,7 @@ import wandb
 
 import train
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def wandb_fit(corpus: dict[str, str], tmp_path: Path, monkeypatch: pytest.MonkeyPatch, method: str,

@@ -22,7 +22,7 @@ from selection_callbacks.offline import reference_losses
 from selection_callbacks.offline.reference_losses import ReferenceLossTable
 from selection_callbacks.scoring.proxy_models import ProxyLM
 from selection_callbacks.scoring.reference import load_reference
-from tests.learnability import SEQ_LEN, assert_learnability_order, trained_models
+from tests.support.learnability import SEQ_LEN, assert_learnability_order, trained_models
 
 
 @pytest.fixture(scope="module")

@@ -27,7 +27,7 @@ from selection_callbacks.scoring.proxy_models import (  # noqa: E402
     seeded_proxy,
 )
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[3]
 SEQ_LEN = 32
 
 

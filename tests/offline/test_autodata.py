@@ -23,7 +23,7 @@ from selection_callbacks.offline.corpus import Budget, load_corpus
 from selection_callbacks.offline.features import feature_bank
 from selection_callbacks.offline.autodata.recipe import FEATURES, feature_table, load_recipe, validate_recipe
 from selection_callbacks.offline.select import SELECTORS, run_selection
-from tests.test_offline_features import TINY_BANK, TINY_PROXY
+from tests.offline.test_offline_features import TINY_BANK, TINY_PROXY
 
 TINY_SEARCH = SearchConfig(trials=4, batch=2, workers=1, trial_tokens=2048, proxy=TINY_PROXY, reward_windows=8,
                            final_top=2, final_seeds=1, recipe_timeout=5.0, bank=TINY_BANK)

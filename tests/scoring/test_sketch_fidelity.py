@@ -18,7 +18,7 @@ from selection_callbacks.scoring.ghost.engine import FACTOR_TOLERANCE, GhostEngi
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from selection_callbacks.scoring.sketch import TensorSketch
-from tests.test_opus_maps import CFG, POOL, TARGET, TRAIN_BATCH, cat, make_optimizer, per_sample_grads, windows
+from tests.scoring.test_maps import CFG, POOL, TARGET, TRAIN_BATCH, cat, make_optimizer, per_sample_grads, windows
 
 STEP, M, N, PROXY, SEEDS = 300, 1024, 16, 8, 8
 
@@ -123,7 +123,7 @@ def test_opus_logs_the_real_sketch_error(tiny_corpus) -> None:
     """Under AdamW the callback logs ρ and the factored layer count every step, and the probed
     sketch error on the diagnostic selections (the first and the sixth of six)."""
     from selection_callbacks.methods import OPUSSelection
-    from tests.test_opus import _fit
+    from tests.methods.opus.test_opus import _fit
 
     selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256, sketch_check=4, diagnostics_every=5)
     seen = _fit(tiny_corpus, selector, steps=6)

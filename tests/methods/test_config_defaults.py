@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 CONFIGS = sorted((ROOT / "configs/method").glob("*.yaml"))
 VARIANTS = {  # config → the init_args it selects on purpose (its opening comment says so)
     "classact_report.yaml": {"variant": "report"},

@@ -17,7 +17,7 @@ from models.lit_gpt import LitGPT
 from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RandomSelection
-from tests.wandb_fit import wandb_fit
+from tests.support.wandb_fit import wandb_fit
 
 
 

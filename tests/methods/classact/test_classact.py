@@ -18,7 +18,7 @@ from selection_callbacks.methods import ClassActSelection
 from selection_callbacks.scoring.reference import load_reference
 from selection_callbacks.core.pass_counts import CostMeter
 from selection_callbacks.scoring.proxy_models import Proxy, seeded_proxy
-from tests.learnability import SEQ_LEN, assert_learnability_order, trained_models
+from tests.support.learnability import SEQ_LEN, assert_learnability_order, trained_models
 
 TINY_PROXY = {"proxy_layers": 1, "proxy_width": 32, "proxy_heads": 2}
 LEARNER = GPTConfig(vocab_size=320, block_size=SEQ_LEN, n_layer=1, n_head=2, n_embd=32)

@@ -21,7 +21,7 @@ from selection_callbacks.offline.features import FeatureBank
 from selection_callbacks.offline.policy import PolicyConfig, learn_policy, plackett_luce_log_prob, select_policy
 from selection_callbacks.offline.select import SELECTORS, main, run_selection
 from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, delta_order, select_warmup_delta
-from tests.test_offline_features import TINY_BANK, TINY_PROXY
+from tests.offline.test_offline_features import TINY_BANK, TINY_PROXY
 
 TINY_POLICY = PolicyConfig(
     group_size=3, rounds=2, rollout_tokens=2048, rollout_proxy=TINY_PROXY, reward_windows=8, noise_repeats=2,

@@ -24,7 +24,7 @@ from models.lit_gpt import LitGPT  # noqa: E402
 from selection_callbacks.methods import RandomSelection  # noqa: E402
 from selection_callbacks.nn.optim import build_optimizer, param_split  # noqa: E402
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 MODELS = ["llama", "gpt2", "qwen2"]
 
 

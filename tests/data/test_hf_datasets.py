@@ -18,7 +18,7 @@ from selection_callbacks.data.stream_loader import StreamingSuperbatchLoader
 from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.offline.corpus import load_corpus
 from tests.conftest import write_jsonl
-from tests.resume_fit import SeenIds, fit_recording_ids
+from tests.support.resume_fit import SeenIds, fit_recording_ids
 
 
 @pytest.fixture(autouse=True)

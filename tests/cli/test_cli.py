@@ -21,7 +21,7 @@ from jsonargparse import ActionSubCommands, ArgumentParser
 
 from selection_callbacks.cli import TOOLS, build_parser, exit_status, main
 
-ROOT = Path(__file__).resolve().parents[1]
+ROOT = Path(__file__).resolve().parents[2]
 SCRIPT = shutil.which("selection-callbacks", path=str(Path(sys.executable).parent)) or str(
     Path(sys.executable).parent / "selection-callbacks")
 NEW = {"script": [SCRIPT], "module": [sys.executable, "-m", "selection_callbacks"]}

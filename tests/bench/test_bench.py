@@ -164,7 +164,7 @@ def test_crossing_interpolates_and_paired_test() -> None:
     assert mean == pytest.approx(-0.10333, abs=1e-4) and std > 0 and p < 0.01
 
 
-BENCHMARKS_PAGE = Path(__file__).resolve().parents[1] / "docs" / "benchmarks.md"
+BENCHMARKS_PAGE = Path(__file__).resolve().parents[2] / "docs" / "benchmarks.md"
 
 
 @pytest.mark.parametrize("block", ["default-adamw", "packages-adamw", "default-muon", "cpu-tiny-muon"])

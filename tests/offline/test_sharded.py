@@ -182,7 +182,7 @@ def test_a_sigkilled_sharded_run_resumes_to_the_uninterrupted_subset(default_cor
         marker = f"RAY_TMPDIR={ray_tmp}"
         env = {k: v for k, v in os.environ.items() if k != "RAY_ADDRESS"}
         env |= {"RAY_TMPDIR": ray_tmp, "PYTHONPATH": os.pathsep.join(
-            [str(Path(__file__).resolve().parents[1]), *filter(None, [os.environ.get("PYTHONPATH")])])}
+            [str(Path(__file__).resolve().parents[2]), *filter(None, [os.environ.get("PYTHONPATH")])])}
         command = [sys.executable, "-m", "selection_callbacks", "select", *args, "--out", str(out),
                    "--work-dir", str(work)]
         log = tmp_path / "killed.log"
