@@ -59,6 +59,8 @@ class RhoLossSelection(ProxySelection):
         nonfinite: see :class:`SelectionCallback`.
     """
 
+    supported_stack = ProxySelection.FULL_STACK
+
     def __init__(
         self,
         ratio: float = 0.5,
