@@ -1,7 +1,8 @@
 """The training stack applied to a learner's transformer blocks: activation checkpointing, FSDP2, ``torch.compile``.
 
 :meth:`~models.language_model.LitLanguageModel.configure_model` applies them in this order, the one FSDP2
-and compile compose in: checkpointing wraps each block's forward, ``fully_shard`` makes each block and
+and compile compose in: checkpointing replaces each block's forward
+(:func:`selection_callbacks.nn.checkpointing.checkpoint_activations`), ``fully_shard`` makes each block and
 then the root a FSDP2 unit over the data-parallel mesh, and ``Module.compile`` compiles each block in
 place (its forward only: Dynamo skips FSDP2's hooks, ``torch._dynamo.config.skip_fsdp_hooks``, so the
 all-gathers run eagerly around the compiled block). Every step is in place: parameter names and
@@ -11,31 +12,13 @@ read parameters by name see the same names under every stack.
 
 from __future__ import annotations
 
-import functools
 from collections.abc import Sequence
 
-import torch
 import torch.nn as nn
 from torch.distributed.device_mesh import DeviceMesh
 from torch.distributed.fsdp import fully_shard
-from torch.utils.checkpoint import checkpoint
 
-__all__ = ["checkpoint_activations", "compile_blocks", "shard"]
-
-
-def checkpoint_activations(blocks: Sequence[nn.Module]) -> None:
-    """Recompute each block's activations in the backward instead of storing them (non-reentrant checkpointing).
-
-    ``block.forward`` becomes ``checkpoint(original forward, ..., use_reentrant=False)``: values and
-    gradients are those of the plain forward (the recomputation repeats the same operations); the memory
-    held between forward and backward drops to each block's input.
-
-    Example::
-
-        checkpoint_activations(model.blocks)
-    """
-    for block in blocks:
-        block.forward = functools.partial(checkpoint, block.forward, use_reentrant=False)
+__all__ = ["compile_blocks", "shard"]
 
 
 def shard(model: nn.Module, blocks: Sequence[nn.Module], mesh: DeviceMesh) -> None:

@@ -128,15 +128,36 @@ def test_bf16_mixed_scores_rank_as_fp32(tiny_corpus, eager, method: str) -> None
     _assert_ranks_agree(_fit(tiny_corpus, method, precision="bf16-mixed"), eager[method], method, 0.98)
 
 
-def test_stack_is_read_from_the_learner() -> None:
-    model = LitGPT(GPTConfig(vocab_size=320, block_size=SEQ_LEN, n_layer=2, n_head=2, n_embd=32), compile=True,
-                   activation_checkpointing=True)
+def test_stack_applies_in_place_and_compiles_checkpointed_blocks() -> None:
+    """compile + activation checkpointing: applied once, in place (the eager parameter names), the checkpointed blocks
+    compile to a graph (Dynamo's checkpoint operator), and losses and gradients equal the eager model's."""
+    config = GPTConfig(vocab_size=320, block_size=SEQ_LEN, n_layer=2, n_head=2, n_embd=32)
+    torch.manual_seed(0)
+    plain = LitGPT(config)
+    torch.manual_seed(0)
+    model = LitGPT(config, compile=True, activation_checkpointing=True)
     assert fit_stack(None, model) == Stack()  # nothing applied before configure_model
     model.configure_model()
-    names = [n for n, _ in model.named_parameters()]
     model.configure_model()  # once per process: a second call (validate after fit) applies nothing twice
     assert fit_stack(None, model) == Stack(compiled=True, checkpointed=True)
-    assert names == [n for n, _ in LitGPT(model.config).named_parameters()]  # in place: the eager names
+    assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
+    torch._dynamo.reset()
+    counters.clear()
+    batch = {"input_ids": torch.randint(0, 320, (4, SEQ_LEN))}
+    losses, want = model.per_sample_loss(batch), plain.per_sample_loss(batch)
+    losses.mean().backward()
+    want.mean().backward()
+    assert counters["stats"]["unique_graphs"] > 0
+    torch.testing.assert_close(losses, want, rtol=1e-5, atol=1e-6)
+    for (name, p), q in zip(model.named_parameters(), plain.parameters()):
+        torch.testing.assert_close(p.grad, q.grad, rtol=1e-4, atol=1e-6, msg=name)
+
+
+def test_muon_refused_under_fsdp2() -> None:
+    model = LitGPT(GPTConfig(vocab_size=320, block_size=SEQ_LEN, n_layer=2, n_head=2, n_embd=32), optimizer="muon")
+    model._device_mesh = _Mesh({"data_parallel": 2})  # what ModelParallelStrategy hands the module
+    with pytest.raises(ValueError, match="Muon does not run under FSDP2: its Newton-Schulz orthogonalisation needs"):
+        model.configure_optimizers()
 
 
 @pytest.mark.parametrize("stack", [{"compile": True}, {"activation_checkpointing": True}])

@@ -10,8 +10,8 @@ What is read from the fit:
 - compiled: a learner module compiled in place (``Module.compile()``: ``_compiled_call_impl`` set), an
   ``OptimizedModule`` inside it, or a LightningModule handed to ``trainer.fit`` after ``torch.compile``.
 - sharded: parameters that are ``DTensor`` (FSDP2's ``fully_shard``) under Lightning's ``ModelParallelStrategy``.
-- checkpointed: a block whose forward is ``torch.utils.checkpoint.checkpoint`` of its own
-  (:func:`models.parallelize.checkpoint_activations`) or torch's ``CheckpointWrapper``.
+- checkpointed: a block checkpointed by :func:`~selection_callbacks.nn.checkpointing.checkpoint_activations`
+  (what ``models.LitLanguageModel`` applies) or wrapped in torch's ``CheckpointWrapper``.
 - the strategy: one device, DDP and FSDP2 (``ModelParallelStrategy`` with one data-parallel mesh
   dimension) are the ones selection is defined on; DeepSpeed, FSDP1, tensor parallelism and any other
   strategy are refused for every method (the selection gathers and subsets whole rows per rank, which
@@ -20,17 +20,16 @@ What is read from the fit:
 
 from __future__ import annotations
 
-import functools
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from typing import Any
 
-import torch
 import torch.nn as nn
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, SingleDeviceStrategy
 from torch._dynamo.eval_frame import OptimizedModule
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.tensor import DTensor
-from torch.utils.checkpoint import checkpoint
+
+from selection_callbacks.nn.checkpointing import is_checkpointed
 
 __all__ = ["Stack", "fit_stack", "stack_problems"]
 
@@ -56,11 +55,11 @@ class Stack:
     compiled: bool = False
     sharded: bool = False
     checkpointed: bool = False
-    reason: str = (
+    reason: str = field(compare=False, repr=False, default=(
         "a method serves the stacks it declares in supported_stack; the default serves the eager learner only, "
         "because scoring through the learner's per-layer activations and gradients (module hooks, as OPUS and "
         "GREATS do) is not defined on a compiled graph, on DTensor shards or on recomputed activations"
-    )
+    ))
 
 
 # each part of a stack, as the refusals name it
@@ -78,7 +77,7 @@ def fit_stack(trainer: Any, pl_module: nn.Module) -> Stack:
         isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None for m in modules
     )
     sharded = any(isinstance(p, DTensor) for p in pl_module.parameters())
-    checkpointed = any(isinstance(m, CheckpointWrapper) or _checkpointed_forward(m) for m in modules)
+    checkpointed = any(isinstance(m, CheckpointWrapper) or is_checkpointed(m) for m in modules)
     return Stack(compiled=compiled, sharded=sharded, checkpointed=checkpointed)
 
 
@@ -124,7 +123,3 @@ def _tensor_parallel(strategy: Any) -> bool:
     names = getattr(mesh, "mesh_dim_names", None) or ()
     return mesh is not None and "tensor_parallel" in names and mesh["tensor_parallel"].size() > 1
 
-
-def _checkpointed_forward(module: nn.Module) -> bool:
-    forward = module.__dict__.get("forward")
-    return isinstance(forward, functools.partial) and forward.func is checkpoint
