@@ -4,8 +4,8 @@
 and compile compose in: checkpointing replaces each block's forward
 (:func:`selection_callbacks.nn.checkpointing.checkpoint_activations`), ``fully_shard`` makes each block and
 then the root a FSDP2 unit over the data-parallel mesh, and ``Module.compile`` compiles each block in
-place (its forward only: Dynamo skips FSDP2's hooks, ``torch._dynamo.config.skip_fsdp_hooks``, so the
-all-gathers run eagerly around the compiled block). Every step is in place: parameter names and
+place (FSDP2's hooks are ``torch._dynamo.disable``-d, so their all-gathers and frees run eagerly around
+the compiled forward). Every step is in place: parameter names and
 ``state_dict`` keys stay those of the eager model, so optimizers, checkpoints and selection methods that
 read parameters by name see the same names under every stack.
 """
