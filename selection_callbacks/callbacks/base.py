@@ -82,9 +82,8 @@ class SelectionCallback(L.Callback, ABC):
         diagnostics_every: selections between a method's costly diagnostics (the first selection included).
 
     ``supported_stack`` declares the training stacks a method serves (:mod:`~selection_callbacks.callbacks.stack`):
-    the eager learner by default; methods that read the learner through ``per_sample_loss`` alone (or not at all) set
-    ``FULL_STACK``
-    (compiled, FSDP2, activation checkpointing).
+    the eager learner by default; methods that read the learner through ``per_sample_loss`` alone (or not at
+    all) set ``FULL_STACK`` (compiled, FSDP2, activation checkpointing).
     """
 
     supported_stack: ClassVar[Stack] = Stack()
