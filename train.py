@@ -22,6 +22,12 @@ records every candidate's score and fate under ``<run folder>/ledger/`` (on by d
 summarises it). ``--dashboard`` logs throughput scalars to every logger and, with W&B, score
 histograms and domain tables (``--dashboard.histogram_every``).
 
+The training stack (docs/stack.md): ``--model.compile true`` (inductor, per transformer block),
+``--model.activation_checkpointing true``, ``--trainer.precision bf16-mixed``, and FSDP2 with
+``--trainer.strategy lightning.pytorch.strategies.ModelParallelStrategy --trainer.strategy.data_parallel_size D
+--trainer.strategy.tensor_parallel_size 1 --trainer.devices D`` (gloo on CPU, NCCL on GPUs). A selection
+method that does not serve the stack refuses it before the first step.
+
 Loggers: the scale configs set none, so Lightning's default applies (TensorBoard when installed,
 else CSV, under the run folder). ``--config configs/logger/wandb.yaml`` logs to W&B offline
 (``runs/wandb/offline-run-*``; upload later with ``wandb sync``).

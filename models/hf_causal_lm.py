@@ -50,6 +50,8 @@ class LitCausalLM(LitLanguageModel):
         muon_weight_decay: Muon decoupled weight decay.
         warmup_steps: linear warmup steps.
         min_lr_ratio: final LR as a fraction of the peak (cosine decay over the run).
+        compile: ``torch.compile`` (inductor) each transformer block in place (docs/stack.md).
+        activation_checkpointing: recompute each block's activations in the backward (non-reentrant).
     """
 
     max_len_field = "max_position_embeddings"
@@ -66,9 +68,11 @@ class LitCausalLM(LitLanguageModel):
         muon_weight_decay: float = 0.0,
         warmup_steps: int = 20,
         min_lr_ratio: float = 0.1,
+        compile: bool = False,
+        activation_checkpointing: bool = False,
     ) -> None:
         hf_config = causal_lm_config(config)
-        super().__init__(hf_config.vocab_size)
+        super().__init__(hf_config.vocab_size, compile, activation_checkpointing)
         self.save_hyperparameters(ignore=["config"])
         self.hparams["config"] = hf_config.to_diff_dict()  # a checkpoint rebuilds the model without the file
         self.model = AutoModelForCausalLM.from_config(hf_config)
@@ -77,6 +81,11 @@ class LitCausalLM(LitLanguageModel):
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         """Logits [N, T, V] for ``input_ids`` [N, T]."""
         return self.model(input_ids=input_ids, use_cache=False).logits
+
+    def transformer_blocks(self) -> list[torch.nn.Module]:
+        """The decoder layers: the modules whose class transformers lists in ``_no_split_modules``."""
+        names = set(self.model._no_split_modules or ())
+        return [m for m in self.model.modules() if type(m).__name__ in names]
 
 
 def causal_lm_config(config: str | dict[str, Any] | PretrainedConfig) -> PretrainedConfig:

@@ -12,6 +12,8 @@ from lightning.pytorch.utilities import rank_zero_info
 from torchmetrics import SumMetric
 from typing_extensions import override
 
+from models.parallelize import compile_blocks, shard
+from selection_callbacks.nn.checkpointing import checkpoint_activations
 from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.nn.optim import build_optimizer, param_split, warmup_cosine
 from selection_callbacks.scoring.losses import sequence_means, token_losses
@@ -41,6 +43,11 @@ class LitLanguageModel(L.LightningModule):
     Bytes come from the batch's ``label_bytes`` [N, T] when it has them (subword tokenizers: each
     token's original UTF-8 bytes, exact under normalisation), else from the tokenizer's byte table per id.
 
+    The training stack (:meth:`configure_model`, docs/stack.md): ``activation_checkpointing``, FSDP2
+    when the strategy provides a device mesh (Lightning's ``ModelParallelStrategy``), ``compile``; a
+    subclass names its transformer blocks in :meth:`transformer_blocks`. All off, the model runs eagerly,
+    as built.
+
     Example::
 
         class LitMine(LitLanguageModel):
@@ -52,14 +59,21 @@ class LitLanguageModel(L.LightningModule):
             def forward(self, input_ids):
                 return self.model(input_ids)
 
+            def transformer_blocks(self):
+                return list(self.model.blocks)
+
     Args:
         vocab_size: ids of the model's output (sizes the byte table behind ``val/bpb``).
+        compile: ``torch.compile`` (inductor) each transformer block in place.
+        activation_checkpointing: recompute each block's activations in the backward (non-reentrant).
     """
 
     max_len_field = "block_size"  # the model config's field bounding the sequence length
 
-    def __init__(self, vocab_size: int) -> None:
+    def __init__(self, vocab_size: int, compile: bool = False, activation_checkpointing: bool = False) -> None:
         super().__init__()
+        self.compiles_blocks, self.checkpoints_blocks = compile, activation_checkpointing
+        self.stack_applied = False  # configure_model runs once per process (fit, then validate, call it again)
         self.register_buffer("token_bytes", ByteTokenizer().token_bytes(vocab_size), persistent=False)
         # bool [V] for ``label_bytes`` batches: ids that are not specials (a buffer: it moves with the module)
         self.register_buffer("text_ids", None, persistent=False)
@@ -88,6 +102,43 @@ class LitLanguageModel(L.LightningModule):
             self.token_bytes = None if table is None else table[: config.vocab_size].to(self.device)
             if hasattr(tokenizer, "text_ids"):
                 self.text_ids = tokenizer.text_ids(config.vocab_size).to(self.device)
+
+    def transformer_blocks(self) -> list[torch.nn.Module]:
+        """The model's transformer blocks, in order: the units of checkpointing, sharding and compiling."""
+        raise NotImplementedError(
+            f"{type(self).__name__} does not name its transformer blocks: implement transformer_blocks() to use "
+            "compile, activation_checkpointing or FSDP2 (ModelParallelStrategy)"
+        )
+
+    @override
+    def configure_model(self) -> None:
+        """Apply the training stack once: checkpointing, FSDP2 over the strategy's ``data_parallel`` mesh, compile.
+
+        Raises:
+            ValueError: the strategy's mesh splits devices over more than its ``data_parallel`` dimension (tensor
+                parallelism; only FSDP2 is applied).
+        """
+        mesh = self.device_mesh
+        if self.stack_applied or not (self.compiles_blocks or self.checkpoints_blocks or mesh is not None):
+            return
+        blocks = self.transformer_blocks()
+        if self.checkpoints_blocks:
+            checkpoint_activations(blocks)
+        if mesh is not None:
+            shard(self.model, blocks, self._data_parallel_mesh(mesh))
+        if self.compiles_blocks:
+            compile_blocks(blocks)
+        self.stack_applied = True
+
+    def _data_parallel_mesh(self, mesh: Any) -> Any:
+        """The mesh's ``data_parallel`` dimension (the whole mesh when unnamed); refused when other dimensions split it."""
+        data = mesh["data_parallel"] if "data_parallel" in (mesh.mesh_dim_names or ()) else mesh
+        if data.size() != mesh.size():
+            raise ValueError(
+                f"{type(self).__name__} applies FSDP2 only, over {data.size()} of the mesh's {mesh.size()} devices: "
+                "use ModelParallelStrategy(data_parallel_size=<devices>, tensor_parallel_size=1)"
+            )
+        return data
 
     def per_sample_loss(self, batch: dict[str, torch.Tensor]) -> torch.Tensor:
         """Mean token loss of each sequence, [N] (masked tokens excluded)."""
@@ -127,6 +178,12 @@ class LitLanguageModel(L.LightningModule):
     @override
     def configure_optimizers(self) -> dict[str, Any]:
         hp = self.hparams
+        if hp.optimizer == "muon" and self.device_mesh is not None:
+            raise ValueError(
+                f"{type(self).__name__}: Muon does not run under FSDP2: its Newton-Schulz orthogonalisation needs "
+                "each hidden matrix whole, and FSDP2 hands the optimizer row shards (DTensor); use --model.optimizer "
+                "adamw with ModelParallelStrategy, or Muon with DDP"
+            )
         rank_zero_info(f"{type(self).__name__}: " + param_split(self.model).describe(hp.optimizer))
         opt = build_optimizer(
             self.model, hp.optimizer, hp.lr, hp.weight_decay, tuple(hp.betas), hp.muon_lr, hp.muon_momentum,

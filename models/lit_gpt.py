@@ -32,6 +32,8 @@ class LitGPT(LitLanguageModel):
         muon_weight_decay: Muon decoupled weight decay.
         warmup_steps: linear warmup steps.
         min_lr_ratio: final LR as a fraction of the peak (cosine decay over the run).
+        compile: ``torch.compile`` (inductor) each transformer block in place (docs/stack.md).
+        activation_checkpointing: recompute each block's activations in the backward (non-reentrant).
     """
 
     def __init__(
@@ -46,11 +48,17 @@ class LitGPT(LitLanguageModel):
         muon_weight_decay: float = 0.0,
         warmup_steps: int = 20,
         min_lr_ratio: float = 0.1,
+        compile: bool = False,
+        activation_checkpointing: bool = False,
     ) -> None:
-        super().__init__(config.vocab_size)
+        super().__init__(config.vocab_size, compile, activation_checkpointing)
         self.save_hyperparameters()
         self.config = config
         self.model = GPT(config)
 
     def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
         return self.model(input_ids)
+
+    def transformer_blocks(self) -> list[torch.nn.Module]:
+        """The GPT's blocks."""
+        return list(self.model.blocks)

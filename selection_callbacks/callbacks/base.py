@@ -5,13 +5,14 @@ from __future__ import annotations
 import time
 from abc import ABC, abstractmethod
 from collections.abc import MutableMapping
-from typing import Any, Literal
+from typing import Any, ClassVar, Literal
 
 import lightning as L
 import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from selection_callbacks.callbacks.stack import Stack, stack_problems
 from selection_callbacks.core.contract import SuperbatchError, per_sample_keys, subset_in_place, superbatch_size
 from selection_callbacks.core.pass_counts import CostMeter
 from selection_callbacks.core.domains import domain_names
@@ -81,7 +82,14 @@ class SelectionCallback(L.Callback, ABC):
             rows' non-finite losses should not stop the run.
         diagnostics_every: selections between a method's costly diagnostics (the first selection
             included): lower it to see them more often, raise it to spend less time on them.
+
+    ``supported_stack`` declares the training stacks a method serves (:mod:`~selection_callbacks.callbacks.stack`):
+    the eager learner by default; methods that read the learner through ``per_sample_loss`` alone (or not at
+    all) set ``FULL_STACK`` (compiled, FSDP2, activation checkpointing).
     """
+
+    supported_stack: ClassVar[Stack] = Stack()
+    FULL_STACK: ClassVar[Stack] = Stack(compiled=True, sharded=True, checkpointed=True)
 
     def __init__(
         self,
@@ -170,6 +178,7 @@ class SelectionCallback(L.Callback, ABC):
         self.learner_flops = matmul_flops_per_token(pl_module)
         problems = fit_problems(self, trainer.callbacks, getattr(trainer, "datamodule", None))
         problems += self.requirements(trainer, pl_module)
+        problems += stack_problems(trainer, pl_module, self.supported_stack, type(self).__name__)
         if problems:
             raise ValueError(f"{type(self).__name__} cannot start:\n- " + "\n- ".join(problems))
 

@@ -69,6 +69,8 @@ class ClassActSelection(ProxySelection):
         nonfinite: see :class:`SelectionCallback`.
     """
 
+    supported_stack = ProxySelection.FULL_STACK
+
     def __init__(
         self,
         ratio: float = 0.5,

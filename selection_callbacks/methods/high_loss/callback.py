@@ -28,6 +28,8 @@ class HighLossSelection(SelectionCallback):
         **kwargs: the remaining :class:`SelectionCallback` arguments.
     """
 
+    supported_stack = SelectionCallback.FULL_STACK
+
     def __init__(self, ratio: float = 0.5, **kwargs: Any) -> None:
         super().__init__(ratio=ratio, **kwargs)
 

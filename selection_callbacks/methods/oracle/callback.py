@@ -33,6 +33,8 @@ class OracleDomainSelection(SelectionCallback):
         k: keep exactly this many instead of ratio·N: set it to fix K whatever the superbatch size.
     """
 
+    supported_stack = SelectionCallback.FULL_STACK
+
     def __init__(
         self, ratio: float = 0.5, target_domains: list[str] | None = None, seed: int = 0, k: int | None = None
     ) -> None:

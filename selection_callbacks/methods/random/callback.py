@@ -23,6 +23,8 @@ class RandomSelection(SelectionCallback):
         k: keep exactly this many instead of ratio·N: set it to fix K whatever the superbatch size.
     """
 
+    supported_stack = SelectionCallback.FULL_STACK
+
     def __init__(self, ratio: float = 0.5, seed: int = 0, k: int | None = None) -> None:
         super().__init__(ratio=ratio, k=k, sampling="uniform", seed=seed)
 

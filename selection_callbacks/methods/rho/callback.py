@@ -66,6 +66,8 @@ class RhoLossSelection(ProxySelection):
             ``score_len`` < 1, or ``score_len`` with ``reference_losses``.
     """
 
+    supported_stack = ProxySelection.FULL_STACK
+
     def __init__(
         self,
         ratio: float = 0.5,
