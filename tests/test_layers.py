@@ -118,3 +118,10 @@ def test_no_module_only_re_exports_another() -> None:
         if body and all(isinstance(n, (ast.Import, ast.ImportFrom, ast.Assign)) for n in body):
             aliases.append(str(path.relative_to(ROOT)))
     assert not aliases, aliases
+
+
+def test_no_library_file_is_longer_than_500_lines() -> None:
+    """A longer module says why it is one piece in its opening docstring ("one piece")."""
+    long = [f"{p.relative_to(ROOT)} ({n} lines)" for p in sorted(LIBRARY.rglob("*.py"))
+            if (n := len(p.read_text().splitlines())) > 500 and "one piece" not in (ast.get_docstring(ast.parse(p.read_text())) or "")]
+    assert not long, long

@@ -158,7 +158,17 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
     return float((a - b).norm() / b.norm())
 
 
-class AtBaseBatch:
+class _AroundStepMaps:
+    """The optimizer's step maps (``self.inner``), grouped and stacked as the engine's own; subclasses change the maps."""
+
+    def group_key(self, param):
+        return self.inner.group_key(param)
+
+    def stacks(self, param):
+        return self.inner.stacks(param)
+
+
+class AtBaseBatch(_AroundStepMaps):
     """Muon's derivative at the point the protocol's step really orthogonalises, μ²·buf + (1 − μ²)·g
     with g = K/(K+1)·ḡ_B: the engine's VJP fed the base batch it cannot see when it scores (a
     ceiling for any evaluation point, not a map OPUS can use)."""
@@ -168,12 +178,6 @@ class AtBaseBatch:
         self.muon = opt.muon
         self.names = {id(p): k for k, p in model.named_parameters()}
         self.g_base = g_base
-
-    def group_key(self, param):
-        return self.inner.group_key(param)
-
-    def stacks(self, param):
-        return self.inner.stacks(param)
 
     def __call__(self, params, gbar):
         pre = self.inner(params, gbar)
@@ -188,18 +192,12 @@ class AtBaseBatch:
         return pre
 
 
-class FrozenMaps:
+class FrozenMaps(_AroundStepMaps):
     """The maps before the derivative: utilities ⟨P G_i, ḡ⟩ through the frozen, self-adjoint P
     (AdamW's own map, Muon's Newton–Schulz frozen at the momentum)."""
 
     def __init__(self, opt: torch.optim.Optimizer) -> None:
         self.inner = OptimizerStepMaps(opt)
-
-    def group_key(self, param):
-        return self.inner.group_key(param)
-
-    def stacks(self, param):
-        return self.inner.stacks(param)
 
     def __call__(self, params, gbar):
         pre = self.inner(params, gbar)

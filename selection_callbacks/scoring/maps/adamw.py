@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from selection_callbacks.scoring.maps.base import Scale, lead, per_layer, register_map
+from selection_callbacks.scoring.maps.base import Scale, check_minimizes, lead, per_layer, register_map
 
 TENSOR_FLOOR = 1e-2  # x's floor, relative to its layer's mean (see DiagonalMap)
 POWER_ITERATIONS = 2  # power iterations of the rank-1 factorisation D ≈ r cᵀ
@@ -122,8 +122,7 @@ def adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn
     Raises:
         ValueError: ``maximize=True``.
     """
-    if group.get("maximize", False):
-        raise ValueError("AdamW with maximize=True is not supported by the optimizer maps")
+    check_minimizes(group, "AdamW")
     beta1, beta2 = group["betas"]
     lr, eps = float(group["lr"]), group["eps"]
     states = [opt.state.get(p, {}) for p in params]

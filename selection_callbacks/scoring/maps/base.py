@@ -107,3 +107,8 @@ def per_layer(values: Sequence[float], device: torch.device) -> Scale:
         return float(values[0])
     return torch.tensor(values, dtype=torch.float32, device=device)
 
+
+def check_minimizes(group: dict, optimizer: str) -> None:
+    """Raise ``ValueError`` for a parameter group that maximizes: the maps model a descent step."""
+    if group.get("maximize", False):
+        raise ValueError(f"{optimizer} with maximize=True is not supported by the optimizer maps")

@@ -6,7 +6,7 @@ from collections.abc import Sequence
 
 import torch
 
-from selection_callbacks.scoring.maps.base import Scale, lead, per_layer, register_map
+from selection_callbacks.scoring.maps.base import Scale, check_minimizes, lead, per_layer, register_map
 
 
 class ScalarMap:
@@ -38,8 +38,7 @@ def sgd_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.P
     Raises:
         ValueError: ``maximize=True``.
     """
-    if group.get("maximize", False):
-        raise ValueError("SGD with maximize=True is not supported by the optimizer maps")
+    check_minimizes(group, "SGD")
     mu, damp, nesterov = group["momentum"], group["dampening"], group["nesterov"]
     coefs = []
     for p in params:
