@@ -84,26 +84,31 @@ class GhostSelection(SelectionCallback):
         sketch_dim: m of the redundancy sketches (0: no interaction term).
         proxy_batch_size: proxy sequences drawn per micro-batch.
         proxy: a proxy file (jsonl/parquet/text); default: the datamodule's target split.
-        include_embedding: also score the token embedding.
-        include_head: also score the output head.
+        include_embedding: also score the token embedding: set it when what a candidate teaches the
+            embedding rows should count (V rows wide, so scoring costs more).
+        include_head: also score the output head (the same trade as ``include_embedding``).
         layers: glob patterns of module names to score (e.g. ``["blocks.3.*"]``); None = all of the
             above. The scoring backward stops at the earliest scored layer, so scoring only late
             layers is cheaper. A module with ≥ 2-D weights the engine has no form for (not a
             Linear, Conv1D or Embedding) must match none of the patterns; a tied head and
             embedding are kept together when a pattern names either.
-        sketch: ``"tensor"``, ``"count"`` or ``"two_sided"`` (see :class:`GhostEngine`).
+        sketch: ``"tensor"``, ``"count"`` or ``"two_sided"`` (see :class:`GhostEngine`): ``"count"`` is the exact
+            reference sketch, for measuring the default's error; it forms every P G_i and costs more.
         candidate_chunk: score candidates in passes of at most this many rows (the proxy rows ride
             with the first): activation memory flat in N (None: one pass over all rows, fastest).
         stack_layers: score same-shaped layers of one optimizer group as one stack (see :class:`GhostEngine`;
-            None: the engine's default).
+            None: the engine's default); False scores them one at a time, for less peak memory.
         factor_tolerance: AdamW layers are tensor-sketched through their rescaled rank-1 factors only where the
-            factorisation's relative error ρ is at most this (0: P G_i always formed; see :class:`GhostEngine`).
+            factorisation's relative error ρ is at most this (0: P G_i always formed, an exact sketch of each
+            layer at more cost; see :class:`GhostEngine`).
         sketch_check: candidates whose exact P G_i are formed to measure the sketch's real error
-            (``select/sketch_error``, ``select/sketch_norm_bias``) on diagnostic selections (0 or fewer than 2: never).
+            (``select/sketch_error``, ``select/sketch_norm_bias``) on diagnostic selections (0 or fewer than 2: never,
+            to spend nothing on the check).
         reliability: on diagnostic selections, also score the candidates against each half of the proxy
             rows (two sketch-free passes) and log the Spearman of the two rankings,
             ``select/utility_split_half`` (:mod:`selection_callbacks.scoring.reliability`; needs
-            ``proxy_batch_size`` ≥ 2). Near 0 the utilities rank candidates at random in this run.
+            ``proxy_batch_size`` ≥ 2). Near 0 the utilities rank candidates at random in this run. False skips
+            the two extra passes.
         diagnostics_every: selections between diagnostic ones (the first included). The diagnostics
             never change a selection; :meth:`summary` holds their history (``diagnostics``).
         temperature: τ of the sequential draws (0: greedy).
