@@ -32,7 +32,7 @@ class LitCausalLM(LitLanguageModel):
         trainer = L.Trainer(callbacks=[HighLossSelection(ratio=0.5)], max_steps=100)
 
         python train.py fit --config configs/scale/cpu-tiny.yaml --config configs/method/random.yaml \\
-            --model models.LitCausalLM --model.config configs/model/tiny-llama.yaml \
+            --model models.LitCausalLM --model.config configs/model/tiny-llama.yaml \\
             --model.config.num_hidden_layers 4 ...   # the file's fields, one changed
 
     Args:

@@ -32,7 +32,7 @@ def needs_per_sample_loss(pl_module: Any, who: str) -> list[str]:
     if isinstance(pl_module, PerSampleLoss):
         return []
     return [f"{who} scores with the learner's per-sample loss, and {type(pl_module).__name__} has no "
-            "per_sample_loss(batch) -> Tensor[N]: add it (mean token loss of each row; see LitGPT.per_sample_loss)"]
+            "per_sample_loss(batch) -> Tensor[N]: add it (mean token loss of each row; docs/own-model-and-data.md shows one)"]
 
 
 def needs_target_batch(datamodule: Any, who: str, why: str, instead: str) -> list[str]:

@@ -11,7 +11,7 @@ What is read from the fit:
   ``OptimizedModule`` inside it, or a LightningModule handed to ``trainer.fit`` after ``torch.compile``.
 - sharded: parameters that are ``DTensor`` (FSDP2's ``fully_shard``) under Lightning's ``ModelParallelStrategy``.
 - checkpointed: a block checkpointed by :func:`~selection_callbacks.nn.checkpointing.checkpoint_activations`
-  (what ``models.LitLanguageModel`` applies) or wrapped in torch's ``CheckpointWrapper``.
+  (what a learner applies with :func:`~selection_callbacks.nn.checkpointing.checkpoint_activations`) or wrapped in torch's ``CheckpointWrapper``.
 - the strategy: one device, DDP and FSDP2 (``ModelParallelStrategy`` with one data-parallel mesh
   dimension) are the ones selection is defined on; DeepSpeed, FSDP1, tensor parallelism and any other
   strategy are refused for every method (the selection gathers and subsets whole rows per rank, which
@@ -70,8 +70,8 @@ _WHAT = {
 }
 
 
-def fit_stack(trainer: Any, pl_module: nn.Module) -> Stack:
-    """The stack the fit of ``pl_module`` on ``trainer`` runs (see the module docstring for what is read)."""
+def fit_stack(pl_module: nn.Module) -> Stack:
+    """The stack ``pl_module`` trains under: compiled, sharded, checkpointed (the module docstring says what is read)."""
     modules = list(pl_module.modules())
     compiled = getattr(pl_module, "_compiler_ctx", None) is not None or any(
         isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None for m in modules
@@ -96,11 +96,11 @@ def stack_problems(trainer: Any, pl_module: nn.Module, supported: Stack, who: st
         # ['OPUSSelection does not run under a compiled learner (torch.compile); it serves the eager learner ...']
     """
     problems = _strategy_problems(getattr(trainer, "strategy", None), who)
-    used = fit_stack(trainer, pl_module)
+    used = fit_stack(pl_module)
     served = ", ".join(["the eager learner on one device or under DDP"]
-                       + [what for field, what in _WHAT.items() if getattr(supported, field)])
-    for field, what in _WHAT.items():
-        if getattr(used, field) and not getattr(supported, field):
+                       + [what for part, what in _WHAT.items() if getattr(supported, part)])
+    for part, what in _WHAT.items():
+        if getattr(used, part) and not getattr(supported, part):
             problems.append(f"{who} does not run under {what}; it serves {served} (fp32 or bf16-mixed): "
                             f"{supported.reason} (docs/stack.md)")
     return problems

@@ -21,7 +21,7 @@ def per_sample_loss(module: object, batch: MutableMapping) -> torch.Tensor:
     if not isinstance(module, PerSampleLoss):
         raise TypeError(
             f"{type(module).__name__} has no per_sample_loss(batch) -> Tensor[N]; add it to your LightningModule "
-            "(mean token loss per sequence, see models.lit_gpt.LitGPT.per_sample_loss)"
+            "(mean token loss per sequence; docs/own-model-and-data.md shows one)"
         )
     return module.per_sample_loss(batch)
 

@@ -23,7 +23,8 @@ def load_reference(path: str | Path) -> ProxyLM:
     """The frozen GPT of a ``train.py`` checkpoint: on CPU, eval mode, no gradients.
 
     Args:
-        path: a checkpoint ``train.py`` wrote for a GPT learner (``LitGPT``), e.g. trained on the target split.
+        path: a checkpoint ``train.py`` wrote for a learner whose ``hyper_parameters.config`` is a :class:`GPTConfig`,
+            e.g. trained on the target split.
 
     Returns:
         a :class:`ProxyLM` with the checkpoint's config and weights (``per_sample_loss(batch) -> [N]``).

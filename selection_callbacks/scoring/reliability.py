@@ -24,12 +24,12 @@ def split_half_reliability(
     loss_fn: Callable[[MutableMapping], torch.Tensor],
     rows: MutableMapping,
     n_candidates: int,
-    resolver: Callable[[], StepMaps],
+    step_maps: Callable[[], StepMaps],
     seed: int = 0,
 ) -> float:
     """Spearman of the N candidates' utilities against proxy rows [N, N + P//2) and against [N + P//2, N + P).
 
-    ``rows`` are the scoring rows (candidates then P ≥ 2 proxy rows); ``resolver`` makes the step's map
+    ``rows`` are the scoring rows (candidates then P ≥ 2 proxy rows); ``step_maps`` makes the step's maps
     afresh for each half (a map that reads the proxy gradient, as AdamW's before its first step does,
     sees only its half's). Two forward/backward passes of ``engine`` (best built without sketches: only
     the utilities are read). NaN where a half leaves fewer than 3 candidates with finite utilities.
@@ -42,7 +42,7 @@ def split_half_reliability(
     halves = (torch.arange(n_candidates, half), torch.arange(half, n_rows))
     utilities = []
     for part in halves:
-        scored = engine.score(loss_fn, take_rows(rows, torch.cat([candidates, part]), n_rows), n_candidates, resolver(), seed)
+        scored = engine.score(loss_fn, take_rows(rows, torch.cat([candidates, part]), n_rows), n_candidates, step_maps(), seed)
         finite = torch.isfinite(scored.losses[:n_candidates])
         utilities.append(torch.where(finite, scored.utilities.float(), torch.nan).cpu())
     return spearman(*utilities)

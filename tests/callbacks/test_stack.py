@@ -105,7 +105,7 @@ def test_compiled_learner_scores_as_eager_without_recompiling(tiny_corpus, eager
     torch._dynamo.reset()
     counters.clear()
     compiled = _fit(tiny_corpus, method, steps=14, compile=True)
-    assert fit_stack(None, compiled.learner).compiled
+    assert fit_stack(compiled.learner).compiled
     _assert_ranks_agree(SimpleNamespace(scores=compiled.scores[:STEPS], selected=compiled.selected[:STEPS]),
                         eager[method], method, 0.999)
     assert compiled.graphs[-1] > 0  # the blocks did compile
@@ -116,7 +116,7 @@ def test_compiled_learner_scores_as_eager_without_recompiling(tiny_corpus, eager
 def test_activation_checkpointing_scores_equal_eager(tiny_corpus, eager, method: str) -> None:
     """Checkpointed blocks recompute the same operations: every step's scores equal to 1e-5 relative, same selections."""
     checkpointed = _fit(tiny_corpus, method, activation_checkpointing=True)
-    assert fit_stack(None, checkpointed.learner).checkpointed
+    assert fit_stack(checkpointed.learner).checkpointed
     for step, (a, b) in enumerate(zip(checkpointed.scores, eager[method].scores)):
         torch.testing.assert_close(a, b, rtol=1e-5, atol=1e-7, msg=f"{method} step {step}")
     assert checkpointed.selected == eager[method].selected
@@ -136,10 +136,10 @@ def test_stack_applies_in_place_and_compiles_checkpointed_blocks() -> None:
     plain = LitGPT(config)
     torch.manual_seed(0)
     model = LitGPT(config, compile=True, activation_checkpointing=True)
-    assert fit_stack(None, model) == Stack()  # nothing applied before configure_model
+    assert fit_stack(model) == Stack()  # nothing applied before configure_model
     model.configure_model()
     model.configure_model()  # once per process: a second call (validate after fit) applies nothing twice
-    assert fit_stack(None, model) == Stack(compiled=True, checkpointed=True)
+    assert fit_stack(model) == Stack(compiled=True, checkpointed=True)
     assert [n for n, _ in model.named_parameters()] == [n for n, _ in plain.named_parameters()]
     torch._dynamo.reset()
     counters.clear()
@@ -194,7 +194,7 @@ def test_sharded_parameters_refuse_the_ghost_methods(tmp_path) -> None:
     try:
         model = torch.nn.Sequential(torch.nn.Linear(4, 4))
         fully_shard(model, mesh=init_device_mesh("cpu", (1,)))
-        assert fit_stack(None, model) == Stack(sharded=True)
+        assert fit_stack(model) == Stack(sharded=True)
         for ghost in (OPUSSelection, GreatsSelection):
             [problem] = stack_problems(SimpleNamespace(strategy=None), model, ghost.supported_stack, ghost.__name__)
             assert problem.startswith(f"{ghost.__name__} does not run under FSDP2 (DTensor parameter shards")

@@ -249,4 +249,3 @@ class ProxySelection(SelectionCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._pending = state_dict["proxies"]
-        self.meter.load_state_dict(state_dict["cost"])

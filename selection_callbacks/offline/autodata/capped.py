@@ -12,6 +12,7 @@ Example::
 
 from __future__ import annotations
 
+import contextlib
 import os
 import selectors
 import signal
@@ -69,9 +70,9 @@ def run_capped(args: str | list[str], stdin: bytes, timeout: float, max_stdout: 
     except subprocess.TimeoutExpired as e:
         raise subprocess.TimeoutExpired(args, timeout) from e
     finally:
-        if proc.poll() is None:
+        with contextlib.suppress(ProcessLookupError):  # the group outlives its leader when a child holds the pipe
             os.killpg(proc.pid, signal.SIGKILL)
-            proc.wait()
+        proc.wait()
         for pipe in (proc.stdin, proc.stdout, proc.stderr):
             pipe.close()
 

@@ -231,8 +231,8 @@ class SubsetProfile:
     The profile is the token-weighted mean over the selected documents of every feature's tanh
     robust z-score (the recipes' own normalisation), the token share of each cluster and the share
     of the pool's documents selected. Recipes with different parameters but similar subsets get
-    similar profiles, so a surrogate on profiles transfers between them better than one on
-    :func:`recipe_vector` (``bench/results/autodata/README.md`` compares the two).
+    similar profiles, so a surrogate on profiles carries over between them where one on
+    :func:`recipe_vector` sees unrelated points.
 
     Args:
         table: the search's feature table.
@@ -342,8 +342,8 @@ class EvolutionProposer:
         p_crossover: share of children made by crossover before mutation.
         screen: children per exploit proposal ranked by the surrogate.
         screen_prior: prior draws per explore proposal ranked by the surrogate.
-        noise_sd: sd of a trial's score under one proxy seed, in bpb (the default: the default
-            corpus's, measured as ``bench/results/autodata/README.md`` says).
+        noise_sd: sd of a trial's score under one proxy seed, in bpb (the default is the default corpus's;
+            set it to your pool's, from the scores of one recipe under a few proxy seeds).
         seed_presets: run the paper's presets right after the uniform recipe (they then compete
             as parents); False leaves them out of the search.
         profile: recipe → surrogate input (None when the recipe cannot be profiled); None =

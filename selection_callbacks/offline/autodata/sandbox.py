@@ -1,9 +1,9 @@
 """The recipe sandbox: code recipes run in a fresh, kernel-confined interpreter.
 
 :func:`run_code` starts ``python -I sandbox_child.py`` (spawned, not forked: it holds none of this
-process's state) with an empty environment, sends the recipe source and the feature table on its
-stdin and reads its answer from stdout, capped at what a list of the table's indices can take.
-After its imports the child can read the interpreter's files and nothing else; it cannot open
+process's state) with an environment of single-threaded BLAS settings only (``CHILD_ENV``), sends the
+recipe source and the feature table on its stdin and reads its answer from stdout, capped at what a
+list of the table's indices can take. After its imports the child can read the interpreter's files and nothing else; it cannot open
 sockets, start processes or signal others, and cannot create, write, rename or delete files; its
 memory, CPU seconds and wall-clock seconds are bounded by :class:`SandboxLimits`
 (:mod:`sandbox_guard` says how: rlimits, Landlock and seccomp). A recipe that breaks a rule fails
@@ -37,7 +37,7 @@ from selection_callbacks.offline.autodata.recipe import FeatureTable, RecipeErro
 from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
 from selection_callbacks.offline.corpus import Budget
 
-__all__ = ["CHILD", "CHILD_ENV", "MESSAGE_CHARS", "SandboxLimits", "missing_mechanisms", "run_code", "truncate"]
+__all__ = ["MESSAGE_CHARS", "SandboxLimits", "missing_mechanisms", "run_code", "truncate"]
 
 CHILD = Path(__file__).resolve().parent / "sandbox_child.py"
 CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}

@@ -12,7 +12,7 @@ else), runs ``select(table, n_tokens, budget, rng)`` and writes one JSON line on
     {"kind": "unavailable", "message": ...}       # a layer could not be applied; nothing ran
 
 The recipe's own prints go to /dev/null. Error messages name the exception and the frames
-(file, line, function) without source lines, at most MESSAGE_CHARS characters.
+(file, line, function) without source lines, at most TRACE_CHARS characters.
 
 Example (what the parent does)::
 
@@ -35,7 +35,7 @@ del sys.path[0]  # recipes import from the interpreter's folders only
 
 N_TOKENS = "__n_tokens__"
 SEED_SALT = 0xA07D
-MESSAGE_CHARS = 1500
+TRACE_CHARS = 1500
 
 
 class Budget:
@@ -79,7 +79,7 @@ def describe(error: BaseException) -> str:
     frames = [f"{frame.f_code.co_filename}:{line} in {frame.f_code.co_name}"
               for frame, line in traceback.walk_tb(error.__traceback__)]
     text = f"{type(error).__name__}: {error}" + "".join(f"\n  at {frame}" for frame in frames[-4:])
-    return text[:MESSAGE_CHARS]
+    return text[:TRACE_CHARS]
 
 
 def run(request: dict, columns: dict, n_tokens: np.ndarray) -> list:
@@ -90,7 +90,7 @@ def run(request: dict, columns: dict, n_tokens: np.ndarray) -> list:
         raise ValueError("the program defines no select(table, n_tokens, budget, rng)")
     rng = np.random.default_rng([request["seed"], SEED_SALT])
     out = np.asarray(scope["select"](columns, n_tokens.copy(), Budget(**request["budget"]), rng))
-    if out.dtype.kind not in "iub":
+    if out.dtype.kind not in "iu":
         raise TypeError(f"a recipe must return document indices, got an array of {out.dtype}")
     return out.tolist()
 
