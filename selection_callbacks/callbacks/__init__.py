@@ -1,7 +1,8 @@
 """The Lightning faces every method shares: the selection callback base, the ledger, the dashboard and the run recorder.
 
 ``base`` (``SelectionCallback``: score, choose K, subset the batch), ``ledger_writer``
-(``SelectionLedger``), ``dashboard`` (``SelectionDashboard``), ``recorder`` (``RunRecorder``). The
+(``SelectionLedger``), ``dashboard`` (``SelectionDashboard``), ``recorder`` (``RunRecorder``), ``protocols`` (what a method needs from the learner and the data, as
+errors), ``stack`` (the training stacks a method serves: compiled, FSDP2, activation checkpointing). The
 method bases (``GhostSelection``, ``ProxySelection``) are in :mod:`selection_callbacks.methods.bases`.
 """
 

@@ -3,8 +3,13 @@
 ``contract`` (the superbatch dict: its size, per-sample keys, in-place subsetting), ``selection``
 (the pure selection: scores in, chosen rows out; ``Scores``, ``SelectionRecord``), ``sampling``
 (the rules: top-K, Gumbel-top-K, uniform, sequential Boltzmann), ``rng`` (per-micro-batch
-generators), ``arguments`` (pieces the command-line tools share), ``domains`` (codes to names), ``io`` (atomic writes), ``ledger_store`` (the ledger's
-parquet shards), ``rank_correlation`` (Spearman, for score diagnostics), ``pass_counts`` (a selector's extra passes per model).
+generators), ``arguments`` (pieces the command-line tools share), ``domains`` (codes to names),
+``io`` (atomic writes), ``safe_load`` (users' files loaded weights-only), ``ledger_store`` (the ledger's
+parquet shards), ``rank_correlation`` (Spearman, for score diagnostics), ``pass_counts`` (a selector's
+extra passes per model), ``costs`` (a run's selection costs), ``machine_load`` (other processes' CPUs).
 """
 
-__all__ = ["arguments", "contract", "domains", "io", "ledger_store", "pass_counts", "rank_correlation", "rng", "sampling", "selection"]
+__all__ = [
+    "arguments", "contract", "costs", "domains", "io", "ledger_store", "machine_load", "pass_counts", "rank_correlation",
+    "rng", "safe_load", "sampling", "selection",
+]

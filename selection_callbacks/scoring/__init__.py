@@ -4,7 +4,8 @@
 ghost-gradient engine: utilities and sketches without per-sample gradients), ``maps`` (each optimizer's
 one-step map P), ``sketch`` (CountSketch, TensorSketch), ``windows`` (seeded
 scoring windows), ``proxy_models`` (small proxy LMs: build, train a step, count the cost),
-``reliability`` (split-half reliability of the ghost utilities).
+``reference`` (a reference checkpoint read as weights into a proxy LM), ``reliability`` (split-half
+reliability of the ghost utilities).
 """
 
-__all__ = ["ghost", "losses", "maps", "proxy_models", "reliability", "sketch", "windows"]
+__all__ = ["ghost", "losses", "maps", "proxy_models", "reference", "reliability", "sketch", "windows"]

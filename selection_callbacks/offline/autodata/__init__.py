@@ -1,5 +1,7 @@
 """AutoData: search selection recipes with proxy-training feedback (``search``), the recipe language
-(``recipe``), the proposers (``proposers``) and the search report (``report``)."""
+(``recipe``), the proposers (``proposers``; an agent command's answer read by ``agent_io`` through
+``capped``) and the search report (``report``). Code recipes run in ``sandbox`` (the parent side,
+``sandbox_limits``), whose child (``sandbox_child``) confines itself with ``sandbox_guard``."""
 
 from selection_callbacks.offline.autodata.search import (
     AutoDataConfig,
