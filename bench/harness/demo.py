@@ -49,7 +49,7 @@ from jsonargparse import ArgumentParser
 
 from bench.harness.report import crossing
 
-ROOT = Path(__file__).resolve().parent.parent
+ROOT = Path(__file__).resolve().parents[2]
 BASELINE = ["configs/scale/cpu-tiny.yaml", "configs/tuned/cpu-tiny-adamw.yaml"]
 RUNS = {
     "random": ["--config", "configs/method/random.yaml"],

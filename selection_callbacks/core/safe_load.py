@@ -62,7 +62,9 @@ def load_user_file(path: str | Path, what: str, safe_globals: Iterable[Any] = ()
     if not Path(path).is_file():
         raise FileNotFoundError(f"{what} {str(path)!r} does not exist")
     try:
-        with torch.serialization.safe_globals(list(safe_globals)):
+        # the context removes what it added on exit: add only what is not allowed already
+        allowed = torch.serialization.get_safe_globals()
+        with torch.serialization.safe_globals([g for g in safe_globals if g not in allowed]):
             return torch.load(path, map_location="cpu", weights_only=True)
     except pickle.UnpicklingError as e:
         raise UnsafeLoadError(

@@ -45,7 +45,7 @@ def load_reference(path: str | Path) -> ProxyLM:
             "(the RHO-LOSS method card has the command)"
         )
     try:
-        checkpoint = load_user_file(path, "the reference checkpoint", [GPTConfig])
+        checkpoint = load_user_file(path, "the reference checkpoint")  # GPTConfig is allowed where it is defined
     except (RuntimeError, EOFError) as err:
         raise ValueError(f"{str(path)!r} is not a checkpoint train.py wrote: {err}") from err
     config = (checkpoint.get("hyper_parameters") or {}).get("config") if isinstance(checkpoint, dict) else None

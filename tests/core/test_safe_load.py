@@ -86,3 +86,14 @@ def test_a_crafted_reference_checkpoint_is_refused_and_creates_nothing(tmp_path,
     with pytest.raises(UnsafeLoadError, match=f"{FORCE_PICKLE_VARIABLE} is set" if forced else "is refused"):
         load_reference(path)
     assert not made.exists()
+
+
+def test_loading_leaves_the_globally_allowed_classes_allowed(tmp_path) -> None:
+    """A class allowed for the whole process (GPTConfig, by its module) stays allowed after a load that names it too."""
+    from selection_callbacks.nn.gpt import GPTConfig
+
+    path = tmp_path / "config.pt"
+    torch.save({"config": GPTConfig(n_layer=1)}, path)
+    assert load_user_file(path, "a config", [GPTConfig])["config"] == GPTConfig(n_layer=1)
+    assert GPTConfig in torch.serialization.get_safe_globals()
+    assert torch.load(path, weights_only=True)["config"] == GPTConfig(n_layer=1)
