@@ -6,7 +6,7 @@ column (int64) a real bank has; the values are random, which does not change wha
 (spawn, imports, sending the table, confinement, the recipe, the answer). The term recipe applied
 in-process is shown for scale.
 
-    PYTHONPATH=$PWD python -m bench.sandbox_overhead --pool data/default/pool.jsonl --calls 10
+    PYTHONPATH=$PWD python -m bench.studies.sandbox_overhead --pool data/default/pool.jsonl --calls 10
 """
 
 from __future__ import annotations
