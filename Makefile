@@ -1,5 +1,5 @@
 # Quickstart: `make demo` trains tuned random and RHO-LOSS on 16-token windows side by side on the default corpus
-# (about 5 minutes on 2 free cores) and prints and plots the gain; `make test` runs the suite.
+# (about 4 minutes on 2 free cores) and prints and plots the gain; `make test` runs the suite.
 # Both create .venv if missing and install the package (torch pinned to the CPU wheel build).
 PYTHON ?= python3
 VENV := .venv
