@@ -104,8 +104,12 @@ class LitLanguageModel(L.LightningModule):
                 self.text_ids = tokenizer.text_ids(config.vocab_size).to(self.device)
 
     def transformer_blocks(self) -> list[torch.nn.Module]:
-        """The model's transformer blocks, in order: the units of checkpointing, sharding and compiling."""
-        raise NotImplementedError(
+        """The model's transformer blocks, in order: the units of checkpointing, sharding and compiling.
+
+        Raises:
+            ValueError: the learner names no blocks (a subclass that wants the stack returns its blocks here).
+        """
+        raise ValueError(
             f"{type(self).__name__} does not name its transformer blocks: implement transformer_blocks() to use "
             "compile, activation_checkpointing or FSDP2 (ModelParallelStrategy)"
         )

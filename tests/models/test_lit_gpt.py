@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import math
 
+import pytest
 import torch
 import torch.nn.functional as F
 
@@ -76,3 +77,16 @@ def test_bad_model_config() -> None:
 
     with pytest.raises(ValueError, match="divisible"):
         GPTConfig(n_embd=30, n_head=4)
+
+
+@pytest.mark.parametrize("stack", [{"compile": True}, {"activation_checkpointing": True}])
+def test_a_learner_that_names_no_blocks_is_refused_the_stack(stack: dict) -> None:
+    from models.language_model import LitLanguageModel
+
+    class Unnamed(LitLanguageModel):
+        def __init__(self) -> None:
+            super().__init__(vocab_size=320, **stack)
+            self.model = torch.nn.Linear(4, 4)
+
+    with pytest.raises(ValueError, match="does not name its transformer blocks: implement transformer_blocks"):
+        Unnamed().configure_model()
