@@ -24,7 +24,6 @@ import hashlib
 import json
 import os
 import subprocess
-import sys
 import time
 from collections.abc import Callable
 from pathlib import Path
@@ -34,7 +33,7 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from bench.harness.cost_model import modelled_cost
-from bench.harness.methods import ROOT, Method, resolve
+from bench.harness.methods import ROOT, Method, fit_command, resolve
 from bench.harness.report import write_report
 
 
@@ -151,14 +150,9 @@ class Plan:
 
     def train_command(self, method: Method, seed: int, subset: Path | None, prepared: list[tuple[str, str]] = ()) -> list[str]:
         a = self.args
-        cmd = [sys.executable, str(ROOT / "train.py"), "fit", "--config", str(self.scale_path)]
-        cmd += ["--config", str(self.tuned)] if self.tuned else []
-        cmd += ["--config", str(ROOT / (method.config or "configs/method/random.yaml"))]
-        cmd += ["--seed_everything", str(seed), "--data.seed", str(seed)]
-        cmd += ["--data.pool", a.pool, "--data.target", a.target, "--data.val", a.val, "--data.progress", "false"]
+        configs = [self.scale_path, *([self.tuned] if self.tuned else []), method.config or "configs/method/random.yaml"]
+        cmd = fit_command(configs, seed, a.pool, a.target, a.val, self.steps, self.eval_every, self.run_dir(method, seed))
         cmd += ["--data.ratio", "1.0" if subset else str(a.ratio), "--model.optimizer", a.optimizer]
-        cmd += ["--trainer.max_steps", str(self.steps), "--trainer.val_check_interval", str(self.eval_every)]
-        cmd += ["--trainer.default_root_dir", str(self.run_dir(method, seed)), "--trainer.enable_progress_bar", "false"]
         if subset:
             cmd += ["--data.subset", str(subset)]
         for key, value in [] if method.offline else [*self.overrides.get(method.name, []), *prepared]:

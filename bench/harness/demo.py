@@ -39,7 +39,6 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -47,15 +46,16 @@ from typing import Any, TextIO
 
 from jsonargparse import ArgumentParser
 
+from bench.harness.methods import fit_command
 from bench.harness.report import crossing
 
-ROOT = Path(__file__).resolve().parents[2]
+
 BASELINE = ["configs/scale/cpu-tiny.yaml", "configs/tuned/cpu-tiny-adamw.yaml"]
 RUNS = {
-    "random": ["--config", "configs/method/random.yaml"],
-    "rho@score_len=16": ["--config", "configs/method/rho.yaml", "--selection.init_args.score_len", "16"],
+    "random": ["configs/method/random.yaml"],
+    "rho@score_len=16": ["configs/method/rho.yaml", "--selection.init_args.score_len", "16"],
 }
-"""Run name → its method flags; the first is the baseline the other is measured against."""
+"""Run name → its method config and flags; the first is the baseline the other is measured against."""
 
 
 @dataclass
@@ -89,18 +89,11 @@ class Run:
 
 def train_command(name: str, args: Any) -> list[str]:
     """The ``train.py fit`` command of run ``name`` under the demo's seed, budget and data, ``args.extra`` last."""
+    config, *flags = RUNS[name]
     data = Path(args.data)
-    cmd = [sys.executable, str(ROOT / "train.py"), "fit"]
-    for config in BASELINE:
-        cmd += ["--config", str(ROOT / config)]
-    cmd += RUNS[name]
-    cmd += ["--seed_everything", str(args.seed), "--data.seed", str(args.seed)]
-    for split in ("pool", "target", "val"):
-        cmd += [f"--data.{split}", str(data / f"{split}.jsonl")]
-    cmd += ["--data.progress", "false", "--ledger.enabled", "false"]
-    cmd += ["--trainer.max_steps", str(args.steps), "--trainer.val_check_interval", str(max(1, args.steps // args.evals))]
-    cmd += ["--trainer.default_root_dir", str(Path(args.out) / name), "--trainer.enable_progress_bar", "false"]
-    return cmd + ["--recorder.progress_every", str(args.progress_every), *args.extra]
+    cmd = fit_command([*BASELINE, config], args.seed, data / "pool.jsonl", data / "target.jsonl", data / "val.jsonl",
+                      args.steps, max(1, args.steps // args.evals), Path(args.out) / name)
+    return cmd + [*flags, "--ledger.enabled", "false", "--recorder.progress_every", str(args.progress_every), *args.extra]
 
 
 def launch(args: Any) -> list[Run]:

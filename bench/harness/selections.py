@@ -13,12 +13,12 @@ from __future__ import annotations
 import json
 import os
 import subprocess
-import sys
 from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-ROOT = Path(__file__).resolve().parents[2]
+from bench.harness.methods import ROOT, fit_command
+
 
 # name → (method config, optimizer, extra selection arguments)
 FINGERPRINTED: dict[str, tuple[str, str, list[str]]] = {
@@ -37,14 +37,9 @@ FINGERPRINTED: dict[str, tuple[str, str, list[str]]] = {
 
 def command(name: str, args, run_dir: Path) -> list[str]:
     method, optimizer, extra = FINGERPRINTED[name]
-    cmd = [sys.executable, str(ROOT / "train.py"), "fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml")]
-    cmd += ["--config", str(ROOT / f"configs/tuned/cpu-tiny-{optimizer}.yaml")]
-    cmd += ["--config", str(ROOT / f"configs/method/{method}.yaml"), "--model.optimizer", optimizer]
-    cmd += ["--seed_everything", "0", "--data.seed", "0", "--data.progress", "false"]
-    cmd += ["--data.pool", args.pool, "--data.target", args.target, "--data.val", args.val]
-    cmd += ["--trainer.max_steps", str(args.steps), "--trainer.val_check_interval", str(args.steps)]
-    cmd += ["--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"]
-    return cmd + ["--ledger.enabled", "false"] + extra
+    configs = ["configs/scale/cpu-tiny.yaml", f"configs/tuned/cpu-tiny-{optimizer}.yaml", f"configs/method/{method}.yaml"]
+    cmd = fit_command(configs, 0, args.pool, args.target, args.val, args.steps, args.steps, run_dir)
+    return cmd + ["--model.optimizer", optimizer, "--ledger.enabled", "false", *extra]
 
 
 def main(argv: list[str] | None = None) -> dict[str, float]:
