@@ -13,7 +13,9 @@ results.json alone; a committed comparison keeps results.json, report.md and a R
 A method name may carry selection-argument overrides for sweeps, ``name@arg=value[@arg=value]``:
 ``opus@temperature=0.5`` runs ``opus`` with ``--selection.init_args.temperature 0.5`` (and is
 reported under that name). For an offline method the overrides set its selector's config, dotted
-into nested settings: ``datamask@bank.proxy_tokens=null`` selects with a full-pass feature bank.
+into nested settings: ``datamask@bank.proxy_tokens=null`` selects with a full-pass feature bank. An
+online method's override of a ``model.``, ``trainer.`` or ``data.`` key goes to train.py as it is:
+``opus@model.compile=true`` runs OPUS on a compiled learner (``--model.compile true``).
 """
 
 from __future__ import annotations
@@ -35,6 +37,9 @@ from jsonargparse import ArgumentParser
 from bench.harness.cost_model import modelled_cost
 from bench.harness.methods import ROOT, Method, fit_command, resolve
 from bench.harness.report import write_report
+
+
+TRAIN_KEYS = ("model.", "trainer.", "data.")  # variant keys that are train.py flags, not selection arguments
 
 
 def split_variant(name: str) -> tuple[str, list[tuple[str, str]]]:
@@ -156,7 +161,7 @@ class Plan:
         if subset:
             cmd += ["--data.subset", str(subset)]
         for key, value in [] if method.offline else [*self.overrides.get(method.name, []), *prepared]:
-            cmd += [f"--selection.init_args.{key}", value]
+            cmd += [f"--{key}" if key.startswith(TRAIN_KEYS) else f"--selection.init_args.{key}", value]
         return cmd + list(a.extra)
 
 

@@ -7,7 +7,10 @@ Each (repeat, method) is a short ``train.py`` run (the comparison's command); re
 method order so drifting machine load hits every method alike. A run's step time is the slope of
 its training wall-clock (validation excluded) between its first and last validation, so fixed
 costs (start-up, a reference pretrained at the start) drop out; they are reported separately as
-the intercept. Ratios to random are taken within a repeat, then the median over repeats.
+the intercept. Ratios to random are taken within a repeat, then the median over repeats; a method run on
+another training stack (``opus@model.compile=true``) is timed against random on that stack
+(``random@model.compile=true``), which must be listed too. A compiled learner's runs also report how many
+Dynamo graphs were added between the first and last validation (0 in a steady state: no recompilation).
 On a host whose speed drifts between runs, the ratio of two runs drifts with it; the ``in-run ×`` column
 does not: from each run's own selection seconds over the same validation points (``selection_curve``),
 a step splits into its training part and its selection part at the same moments, and the ratio is
@@ -33,7 +36,7 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 
-from bench.harness.compare import Plan, build_parser as compare_parser, prepare_online, resolve_variants
+from bench.harness.compare import TRAIN_KEYS, Plan, build_parser as compare_parser, prepare_online, resolve_variants
 from bench.harness.cost_model import modelled_cost
 from bench.harness.methods import ROOT
 from selection_callbacks.core.machine_load import ALONE_BELOW
@@ -51,6 +54,7 @@ def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
     first, last = m["curve"][0][0], m["curve"][-1][0]
     selection = (selected[last] - selected[first]) / steps if first in selected and last in selected else None
     sel, machine = m.get("selection") or {}, m.get("machine") or {}
+    graphs = dict(m.get("dynamo_graphs", []))  # update tokens → Dynamo's graphs so far (a compiled learner's run)
     model = modelled_cost(m)
     return {
         "modelled_ratio": model["ratio"],
@@ -63,7 +67,24 @@ def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
         "selection_fraction": float(sel.get("overhead_seconds", 0.0)) / m["wall_seconds"] if m["wall_seconds"] else 0.0,
         "cpu": machine.get("cpu"),
         "other_cpus": machine.get("other_cpus"),
+        "graphs_added": graphs[last] - graphs[first] if first in graphs and last in graphs else None,
     }
+
+
+def baselines(names: list[str], overrides: dict[str, list[tuple[str, str]]]) -> dict[str, str]:
+    """Each method's baseline: the random run on the same training stack (its ``model.``/``trainer.``/``data.``
+    overrides), so ``opus@model.compile=true`` is timed against ``random@model.compile=true``.
+
+    Raises:
+        SystemExit: a method's stack has no random run among ``names``.
+    """
+    out = {}
+    for name in names:
+        stack = "".join(f"@{k}={v}" for k, v in overrides[name] if k.startswith(TRAIN_KEYS))
+        out[name] = f"random{stack}"
+        if out[name] not in overrides:
+            raise SystemExit(f"{name} trains with {stack[1:]}: add {out[name]} to --methods, its baseline")
+    return out
 
 
 def in_run_ratio(run: dict[str, Any], random: dict[str, Any]) -> float | None:
@@ -73,6 +94,28 @@ def in_run_ratio(run: dict[str, Any], random: dict[str, Any]) -> float | None:
     if own is None or base is None:
         return None
     return run["step_seconds"] / (run["step_seconds"] - (own - base))  # random against itself: exactly 1
+
+
+def summarise(runs: list[dict[str, Any]], base: list[dict[str, Any]], baseline: str) -> dict[str, Any]:
+    """One method's repeats against its baseline's (same repeats): medians, per-repeat ratios, the model's ratio."""
+    graphs = [x["graphs_added"] for x in runs if x.get("graphs_added") is not None]
+    ratios = [x["step_seconds"] / b["step_seconds"] for x, b in zip(runs, base)]
+    in_run = [in_run_ratio(x, b) for x, b in zip(runs, base)]
+    return {
+        "step_ms_median": 1e3 * statistics.median(x["step_seconds"] for x in runs),
+        "ratio_to_random_median": statistics.median(ratios),
+        "ratios": ratios,
+        "in_run_ratio_median": None if None in in_run else statistics.median(in_run),
+        "in_run_ratios": in_run,
+        "modelled_ratio": runs[0]["modelled_ratio"],
+        "modelled_parts": runs[0]["modelled_parts"],
+        "one_off_steps": runs[0]["one_off_steps"],
+        "fixed_seconds_median": statistics.median(x["fixed_seconds"] for x in runs),
+        "selection_fraction_median": statistics.median(x["selection_fraction"] for x in runs),
+        "baseline": baseline,
+        "graphs_added_max": max(graphs) if graphs else None,
+        "runs": runs,
+    }
 
 
 def machine_line(rows: dict[str, list[dict[str, Any]]]) -> str:
@@ -110,6 +153,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     a = build_parser().parse_args(argv)
     names = [s.strip() for s in a.methods.split(",") if s.strip()]
     methods, overrides = resolve_variants(names)
+    base_of = baselines(names, overrides)
     if any(m.offline for m in methods):
         raise SystemExit("step time is for online methods; an offline selector trains like random")
     probe = compare_parser().parse_args(["--pool", a.pool, "--target", a.target, "--val", a.val, "--tokens", "1",
@@ -138,24 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
             rows[method.name].append(measure(run_dir, plan.eval_every))
             print(f"[steptime] repeat {r} {method.name}: {rows[method.name][-1]['step_seconds'] * 1e3:.1f} ms/step",
                   flush=True)
-    base = rows["random"]
-    summary = {}
-    for name, runs in rows.items():
-        ratios = [x["step_seconds"] / b["step_seconds"] for x, b in zip(runs, base)]
-        in_run = [in_run_ratio(x, b) for x, b in zip(runs, base)]
-        summary[name] = {
-            "step_ms_median": 1e3 * statistics.median(x["step_seconds"] for x in runs),
-            "ratio_to_random_median": statistics.median(ratios),
-            "ratios": ratios,
-            "in_run_ratio_median": None if None in in_run else statistics.median(in_run),
-            "in_run_ratios": in_run,
-            "modelled_ratio": runs[0]["modelled_ratio"],
-            "modelled_parts": runs[0]["modelled_parts"],
-            "one_off_steps": runs[0]["one_off_steps"],
-            "fixed_seconds_median": statistics.median(x["fixed_seconds"] for x in runs),
-            "selection_fraction_median": statistics.median(x["selection_fraction"] for x in runs),
-            "runs": runs,
-        }
+    summary = {name: summarise(runs, rows[base_of[name]], base_of[name]) for name, runs in rows.items()}
     out = Path(a.out)
     result = {"config": {**vars(a), "eval_every": plan.eval_every, "tokens_per_step": plan.tokens_per_step},
               "methods": summary}
@@ -175,6 +202,13 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
                      f"{', '.join(f'{x:.2f}' for x in s['ratios'])} | {in_run_cells[0]} | {modelled:.2f} | "
                      f"{s['ratio_to_random_median'] - modelled:+.2f} | {in_run_cells[1]} | {parts} | {s['one_off_steps']:.0f} | "
                      f"{s['fixed_seconds_median']:.1f} | {s['selection_fraction_median']:.0%} |")
+    graphs = {name: s["graphs_added_max"] for name, s in summary.items() if s["graphs_added_max"] is not None}
+    if graphs:
+        lines += ["", "Dynamo graphs added between the first and last validation (most over the repeats): "
+                  + ", ".join(f"{name} {n}" for name, n in graphs.items()) + "."]
+    stacks = {name: s["baseline"] for name, s in summary.items() if s["baseline"] != "random"}
+    if stacks:
+        lines += ["", "Baselines on another stack: " + ", ".join(f"{n} against {b}" for n, b in stacks.items()) + "."]
     lines += ["", machine_line(rows)]
     (out / "steptime.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))

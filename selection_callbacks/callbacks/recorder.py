@@ -11,7 +11,10 @@ import lightning as L
 import torch
 from typing_extensions import override
 
+from torch._dynamo.utils import counters
+
 from selection_callbacks.callbacks.base import SelectionCallback
+from selection_callbacks.callbacks.stack import fit_stack
 from selection_callbacks.core.io import write_json_atomic
 from selection_callbacks.core.machine_load import LoadSnapshot, host_cpu, load_average, other_cpu_seconds
 
@@ -29,6 +32,10 @@ class RunRecorder(L.Callback):
     Update tokens count the label tokens the optimizer trained on (after selection), summed
     over ranks; wall-clock is training time with validation excluded. The file is rewritten
     after each validation (rank zero), so an interrupted run keeps its curve.
+
+    With a compiled learner it also records Dynamo's graph count at each validation (``dynamo_graphs``,
+    ``[update_tokens, graphs]``, this process's compilations so far): a count that stops growing after the
+    first steps and validation means the steps run without recompiling.
 
     ``machine`` says how busy the machine was while the run trained (rank zero's view,
     :mod:`selection_callbacks.core.machine_load`): ``other_cpus``, the mean number of CPUs other
@@ -64,6 +71,7 @@ class RunRecorder(L.Callback):
         self._other_cpu_seconds = 0.0  # of earlier segments (before a resume)
         self._load_wall_seconds = 0.0
         self.load_history: list[list[float | None]] = []
+        self.dynamo_graphs: list[list[int]] | None = None  # a compiled learner's only
 
     def wall_seconds(self) -> float:
         """Training seconds so far, validation excluded."""
@@ -98,6 +106,8 @@ class RunRecorder(L.Callback):
     def on_train_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self._resumed_at = time.perf_counter()
         self._load_start = LoadSnapshot.now()
+        if fit_stack(pl_module).compiled and self.dynamo_graphs is None:
+            self.dynamo_graphs = []
 
     @override
     def on_train_batch_end(self, trainer: L.Trainer, pl_module: L.LightningModule, outputs: Any, batch: Any, batch_idx: int) -> None:
@@ -140,6 +150,8 @@ class RunRecorder(L.Callback):
             self.curve.append([self.update_tokens, round(self._train_seconds, 3), metrics[metric]])
         if not self.load_history or self.load_history[-1][0] != self.update_tokens:
             self.load_history.append([self.update_tokens, load_average()])
+        if self.dynamo_graphs is not None and (not self.dynamo_graphs or self.dynamo_graphs[-1][0] != self.update_tokens):
+            self.dynamo_graphs.append([self.update_tokens, int(counters["stats"]["unique_graphs"])])
         selector = next((c for c in trainer.callbacks if isinstance(c, SelectionCallback)), None)
         if selector is not None and (not self.domain_history or self.domain_history[-1][0] != self.update_tokens):
             self.domain_history.append([self.update_tokens, dict(selector.domain_counts)])
@@ -156,7 +168,7 @@ class RunRecorder(L.Callback):
             "selection_curve": self.selection_curve,
             "selection": selector.summary() if selector is not None else None,
             "machine": self.machine_load(),
-        }
+        } | ({"dynamo_graphs": self.dynamo_graphs} if self.dynamo_graphs is not None else {})
         if trainer.is_global_zero:
             self.write(Path(self.out_dir or trainer.default_root_dir) / "metrics.json")
 

@@ -518,3 +518,20 @@ def test_bench_registry_budget_covers_the_run(tiny_corpus, tmp_path) -> None:
     dm.prepare_data()
     dm.setup("fit")
     assert len(dm.splits["pool"]) >= 50  # the run's sequences fit in the subset
+
+
+def test_stack_variants_are_train_flags_timed_against_random_on_their_stack(tiny_corpus, tmp_path) -> None:
+    from bench.harness.steptime import baselines
+
+    names = ["random", "random@model.compile=true", "opus", "opus@model.compile=true@score_len=8"]
+    methods, overrides = bench_compare.resolve_variants(names)
+    args = bench_compare.build_parser().parse_args(_args(tiny_corpus, tmp_path, Path("cpu-tiny"), "random"))
+    plan = bench_compare.Plan(args)
+    plan.overrides = overrides
+    cmd = plan.train_command(methods[3], 0, None)
+    assert cmd[cmd.index("--model.compile") + 1] == "true" and "--selection.init_args.model.compile" not in cmd
+    assert cmd[cmd.index("--selection.init_args.score_len") + 1] == "8"
+    assert baselines(names, overrides) == {"random": "random", "random@model.compile=true": "random@model.compile=true",
+                                           "opus": "random", "opus@model.compile=true@score_len=8": "random@model.compile=true"}
+    with pytest.raises(SystemExit, match="add random@model.compile=true to --methods"):
+        baselines([names[0], names[3]], {n: overrides[n] for n in (names[0], names[3])})  # no compiled random
