@@ -443,13 +443,16 @@ def plot(rungs: list[dict[str, Any]], cells: dict[str, dict[str, Any]], trends: 
                 ax.plot(10 ** grid, line["intercept"] + line["slope"] * grid, "--", color=color, lw=1)
         ax.set_xscale("log")
         ax.minorticks_off()
+        ax.set_xlim(params.min() / 1.5, params.max() * 1.5)
         ax.set_xticks(params, [f"{r['name']}\n{r['params'] / 1e6:.2f}M" for r in rungs])
         ax.set_xlabel("learner parameters")
         ax.set_ylabel(ylabel)
         ax.grid(alpha=0.3)
         ax.legend(loc="center left", bbox_to_anchor=(1.02, 0.5), fontsize=9)
         ax.set_title("points: seeds (step: repeats); " + ("bars: 95% interval; " if kind == "delta" else "")
-                     + ("dashed: least-squares trend" if fitted else "markers: mean of the seeds that reached it"),
+                     + ("dashed: least-squares trend" if fitted else
+                        "markers: mean of the seeds that reached it, one-offs amortised")
+                     + ("" if kind == "delta" else "; none where a rung has no step times"),
                      fontsize=9)
         fig.tight_layout()
         fig.savefig(out / file, dpi=110, bbox_inches="tight")
