@@ -12,7 +12,10 @@
 # 3. tests/test_gpu.py (the ghost engine under bf16 autocast, a bf16 train.py run).
 # Off unless given a limit in seconds: GHOST32_LIMIT (bench.studies.ghost at T = 64 in passes of 32 candidates),
 # GHOST16_LIMIT (at T = 16, the shipped OPUS window), SMALL_LIMIT (bench.harness.steptime on gpu-small under Muon,
-# random against OPUS); with them the total can pass the device's 10-minute call limit.
+# random against OPUS), RACE_LIMIT (bench.harness.race at gpu-small under AdamW: the methods of RACE_METHODS, default
+# random,rho@score_len=16, each at an equal wall-clock budget of RACE_BUDGET seconds, default 180, its max_steps from
+# a 20-step probe of its step time; about 2·RACE_BUDGET + 90 s; race.md and race.json in $OUT/race-gpu-small);
+# with them the total can pass the device's 10-minute call limit.
 # Exits non-zero when the GPU tests fail; the benchmarks' return codes are in $OUT/machine.txt.
 # Wheels under .whl/ (packages the machine lacks) are installed to /tmp/site first.
 set -u
@@ -50,4 +53,12 @@ echo "gpu tests rc=$tests (limit ${TEST_LIMIT:-70} s)" >> "$OUT/machine.txt"
 if [ "${GHOST32_LIMIT:-0}" -gt 0 ]; then ghost 64 "$GHOST32_LIMIT" 32; fi
 if [ "${GHOST16_LIMIT:-0}" -gt 0 ]; then ghost 16 "$GHOST16_LIMIT" 0; fi
 if [ "${SMALL_LIMIT:-0}" -gt 0 ]; then steptime gpu-small muon "random,opus" "$SMALL_LIMIT" gpu-small-muon; fi
+if [ "${RACE_LIMIT:-0}" -gt 0 ]; then
+  rm -rf /tmp/race-gpu-small
+  timeout -k 10 "$RACE_LIMIT" python3 -m bench.harness.race --pool "$DATA/pool.jsonl" --target "$DATA/target.jsonl" \
+    --val "$DATA/val.jsonl" --methods "${RACE_METHODS:-random,rho@score_len=16}" --budget "${RACE_BUDGET:-180}" \
+    --scale gpu-small --out /tmp/race-gpu-small > "$OUT/race-gpu-small.log" 2>&1
+  echo "bench.harness.race gpu-small rc=$? (limit $RACE_LIMIT s)" >> "$OUT/machine.txt"
+  mkdir -p "$OUT/race-gpu-small" && cp /tmp/race-gpu-small/race.md /tmp/race-gpu-small/race.json "$OUT/race-gpu-small/" 2>/dev/null
+fi
 exit "$tests"
