@@ -24,6 +24,7 @@ from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback, logs_this_step
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss, needs_target_batch
+from selection_callbacks.callbacks.stack import Stack
 from selection_callbacks.core.selection import Scores
 from selection_callbacks.core.rng import derived_seed, micro_batch_generator
 from selection_callbacks.data.cache import default_cache_dir
@@ -116,6 +117,8 @@ class GhostSelection(SelectionCallback):
         k: keep exactly this many instead of ratio·N.
         nonfinite: see :class:`SelectionCallback`.
     """
+
+    supported_stack = Stack(sharded=True)
 
     def __init__(
         self,

@@ -36,10 +36,11 @@ from typing import Literal
 
 import torch
 import torch.nn as nn
+from torch.distributed.tensor import DTensor
 
 from selection_callbacks.scoring.ghost import embedding, linear, tied  # noqa: F401  (each registers its scorer)
 from selection_callbacks.scoring.ghost.capture import HookCapture
-from selection_callbacks.scoring.ghost.layers import linear_kind, scored_layers, shared_weights
+from selection_callbacks.scoring.ghost.layers import linear_kind, registered_parameters, scored_layers, shared_weights
 from selection_callbacks.scoring.ghost.scorers import SCORERS, TiedWeight, scorer_for
 from selection_callbacks.scoring.ghost.state import FixedMaps, PassState
 from selection_callbacks.scoring.maps.base import StepMaps
@@ -156,6 +157,7 @@ class GhostEngine:
         self._modules = dict(self.layers)
         self._index = {name: i for i, (name, _) in enumerate(self.layers)}
         self._sketchers: dict[tuple, object] = {}
+        self._params = registered_parameters(model, self.layers)
         self.capture = HookCapture(model, self.layers)
 
     @property
@@ -168,6 +170,13 @@ class GhostEngine:
     def module(self, name: str) -> nn.Module:
         """The scored layer ``name``."""
         return self._modules[name]
+
+    def parameter(self, name: str, key: str = "weight") -> nn.Parameter | None:
+        """The parameter ``key`` of the scored layer ``name`` as the optimizer holds it (under FSDP2 the sharded
+        ``DTensor``, not the unsharded copy the module holds inside a forward and backward; read at the start of
+        each :meth:`score`: :func:`~selection_callbacks.scoring.ghost.layers.registered_parameters`); None if the
+        layer has no such parameter (no bias)."""
+        return self._params[name].get(key)
 
     def score(
         self,
@@ -195,6 +204,7 @@ class GhostEngine:
         n_rows = rows["input_ids"].shape[0]
         if not 0 < n_candidates < n_rows:
             raise ValueError(f"need candidates and ≥ 1 proxy row: N={n_candidates} of R={n_rows} rows")
+        self._params = registered_parameters(self.model, self.layers)
         fixed: dict[tuple[str, ...], FixedMaps] = {}
         c = min(self.candidate_chunk or n_candidates, n_candidates)
         first = rows if c == n_candidates else take_rows(rows, torch.cat([torch.arange(c), torch.arange(n_candidates, n_rows)]), n_rows)
@@ -279,11 +289,11 @@ class GhostEngine:
                 continue
             if name in self._tied:  # one weight, one group of its uses
                 key: tuple = self._tied[name]
-            elif isinstance(module, nn.Embedding) or not self._stacks(module.weight, state.step_maps):
+            elif isinstance(module, nn.Embedding) or not self._stacks(self.parameter(name), state.step_maps):
                 key = (name,)
             else:
-                bias = module.bias
-                key = (linear_kind(module), module.weight.shape, state.step_maps.group_key(module.weight), bias is None,
+                weight, bias = self.parameter(name), self.parameter(name, "bias")
+                key = (linear_kind(module), weight.shape, state.step_maps.group_key(weight), bias is None,
                        None if bias is None else state.step_maps.group_key(bias),
                        state.inputs[name].shape[1:], state.out_shapes[name][1:])
             groups.setdefault(key, []).append(name)
@@ -301,6 +311,10 @@ class GhostEngine:
 
 
     def _stacks(self, weight: torch.Tensor, step_maps: StepMaps) -> bool:
+        """Whether ``weight``'s layer joins a stack. A sharded (FSDP2) weight never does: its map gathers its layer's
+        optimizer state whole, and alone it holds one layer's gathered state at a time."""
+        if isinstance(weight, DTensor):
+            return False
         return self.stack_layers if self.stack_layers is not None else stack_by_default(weight.device, step_maps, weight)
 
     def sketcher(self, names: tuple[str, ...], cls: type, d_out: int, d_in: int, seed: int, device: torch.device):

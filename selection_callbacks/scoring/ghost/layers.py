@@ -1,10 +1,12 @@
-"""Which layers of a model the ghost engine scores, and which of them share one weight."""
+"""Which layers of a model the ghost engine scores, which of them share one weight, and their parameters as the
+optimizer holds them."""
 
 from __future__ import annotations
 
 from typing import Literal
 
 import torch.nn as nn
+from torch.distributed.fsdp import FSDPModule
 
 from selection_callbacks.nn.heads import output_heads
 from selection_callbacks.nn.optim import conv1d_type
@@ -81,3 +83,24 @@ def shared_weights(layers: list[tuple[str, nn.Module]]) -> list[tuple[str, ...]]
         uses.setdefault(id(module.weight), []).append(name)
     return [tuple(names) for names in uses.values() if len(names) > 1]
 
+
+def registered_parameters(model: nn.Module, layers: list[tuple[str, nn.Module]]) -> dict[str, dict[str, nn.Parameter]]:
+    """Each layer's own parameters by name (``"weight"``, ``"bias"``) as the optimizer holds them.
+
+    On an eager or DDP model these are ``module.weight`` and ``module.bias``. Under FSDP2 (``fully_shard``) the
+    optimizer holds the sharded ``DTensor`` parameters (global shapes, row shards), which FSDP2 registers on the
+    modules outside a forward and backward only: inside them a unit's modules hold unsharded plain copies, and a
+    root unit stays unsharded after a forward without a backward (validation). So this calls
+    ``FSDPModule.reshard()`` on every FSDP2 unit of ``model`` first (a no-op where the shards are registered;
+    else it frees the unsharded copies, which the unit's next forward all-gathers again, as every forward does
+    after a backward), then reads the registered parameters. Call it outside a forward and backward.
+
+    Example::
+
+        params = registered_parameters(model, scored_layers(model))
+        optimizer.state[params["blocks.0.attn.qkv"]["weight"]]  # found under FSDP2 too
+    """
+    for module in model.modules():
+        if isinstance(module, FSDPModule):
+            module.reshard()
+    return {name: dict(module.named_parameters(recurse=False)) for name, module in layers}

@@ -34,15 +34,14 @@ def score_linear(engine: GhostEngine, names: tuple[str, ...], state: PassState) 
     B [L, R, T, rows], A [L, R, T, cols], G = Σ_t b_t a_tᵀ [rows, cols]. A Linear's rows are its
     outputs (B the output gradients, A the inputs); a Conv1D's weight is stored [in, out], so B
     is its inputs and A its output gradients."""
-    modules = [engine.module(name) for name in names]
     inputs = [state.inputs.pop(name) for name in names]
     grads = [state.grads.pop(name) for name in names]
     N = state.n
-    B, A, out = factors(modules[0], stack(inputs), stack(grads))
+    B, A, out = factors(engine.module(names[0]), stack(inputs), stack(grads))
     del inputs, grads
     fixed = state.fixed.get(names)
     if fixed is None:  # the pass carrying the proxy rows fixes the group's maps
-        fixed = state.fixed[names] = linear_maps(engine, modules, B, A, out, state)
+        fixed = state.fixed[names] = linear_maps(engine, names, B, A, out, state)
     if N == 0:
         return
     B, A, out = B[:, :N], A[:, :N], out[:, :N]
@@ -86,17 +85,17 @@ def factors(module: nn.Module, inputs: torch.Tensor, grads: torch.Tensor) -> tup
 
 
 def linear_maps(
-    engine: GhostEngine, modules: list[nn.Module], B: torch.Tensor, A: torch.Tensor, out: torch.Tensor, state: PassState
+    engine: GhostEngine, names: tuple[str, ...], B: torch.Tensor, A: torch.Tensor, out: torch.Tensor, state: PassState
 ) -> FixedMaps:
-    """P and Q = −Jᵀḡ of stacked linear layers from the pass's B [L, n + P, T, rows], A [L, n + P, T, cols]
-    and output gradients ``out`` (for biases); the proxy rows fix ḡ."""
+    """P and Q = −Jᵀḡ of the stacked linear layers ``names`` from the pass's B [L, n + P, T, rows],
+    A [L, n + P, T, cols] and output gradients ``out`` (for biases); the proxy rows fix ḡ."""
     n = state.n
     gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P, [L, rows, cols]
-    P = state.step_maps([m.weight for m in modules], gbar)
+    P = state.step_maps([engine.parameter(name) for name in names], gbar)
     fixed = FixedMaps(P, P.utility_vector(gbar))
-    if modules[0].bias is not None:
+    if engine.parameter(names[0], "bias") is not None:
         gbar_bias = out[:, n:].sum(2).mean(1)
-        fixed.bias_map = state.step_maps([m.bias for m in modules], gbar_bias)
+        fixed.bias_map = state.step_maps([engine.parameter(name, "bias") for name in names], gbar_bias)
         fixed.Q_bias = fixed.bias_map.utility_vector(gbar_bias)
     choose_sketch_path(engine, fixed, state.factor_errors)
     return fixed

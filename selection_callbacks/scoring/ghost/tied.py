@@ -28,7 +28,7 @@ Use = tuple[str, torch.Tensor, torch.Tensor]  # ("embedding", ids [R, T], B [R, 
 def score_tied(engine: GhostEngine, names: tuple[str, ...], state: PassState) -> None:
     """The scores of the weight the layers ``names`` share, under ``names[0]``."""
     first, N = names[0], state.n
-    weight = engine.module(first).weight
+    weight = engine.parameter(first)
     uses = _uses(engine, names, state)
     fixed = state.fixed.get((first,))
     if fixed is None:

@@ -7,7 +7,7 @@ from collections.abc import Sequence
 
 import torch
 
-from selection_callbacks.scoring.maps.base import Scale, check_minimizes, lead, per_layer, register_map
+from selection_callbacks.scoring.maps.base import Scale, check_minimizes, lead, per_layer, register_map, whole
 
 TENSOR_FLOOR = 1e-2  # x's floor, relative to its layer's mean (see DiagonalMap)
 POWER_ITERATIONS = 2  # power iterations of the rank-1 factorisation D ≈ r cᵀ
@@ -128,9 +128,9 @@ def adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn
     states = [opt.state.get(p, {}) for p in params]
     v = _stacked_state(states, "exp_avg_sq", gbar)
     if all("step" in st for st in states):  # one stack and one read, not a read per parameter
-        steps = [int(s) for s in torch.stack([torch.as_tensor(st["step"], dtype=torch.float32) for st in states]).tolist()]
+        steps = [int(s) for s in torch.stack([torch.as_tensor(whole(st["step"]), dtype=torch.float32) for st in states]).tolist()]
     else:
-        steps = [int(st["step"]) if "step" in st else 0 for st in states]
+        steps = [int(whole(st["step"])) if "step" in st else 0 for st in states]
     if group.get("amsgrad", False) and any("max_exp_avg_sq" in st for st in states):  # zeros where missing: max(0, v) = v
         v = torch.maximum(_stacked_state(states, "max_exp_avg_sq", gbar) / beta2, v)
     bc2 = [1.0 - beta2 ** (s + 1) for s in steps]
@@ -149,11 +149,12 @@ def adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn
 
 
 def _stacked_state(states: list[dict], key: str, like: torch.Tensor) -> torch.Tensor:
-    """The optimizer state ``key`` of each parameter stacked in float32 (zeros where it has not formed; one
-    float32 state is viewed, not copied: read it, never write it)."""
+    """The optimizer state ``key`` of each parameter, whole (:func:`whole`), stacked in float32 (zeros where it has
+    not formed; one float32 state is viewed, not copied: read it, never write it)."""
     if len(states) == 1 and key in states[0]:
-        return states[0][key].float().unsqueeze(0)
+        return whole(states[0][key]).float().unsqueeze(0)
     if all(key in st for st in states):
-        return torch.stack([st[key] for st in states]).float()
-    return torch.stack([st[key].float() if key in st else torch.zeros_like(g, dtype=torch.float32) for st, g in zip(states, like)])
+        return torch.stack([whole(st[key]) for st in states]).float()
+    return torch.stack([whole(st[key]).float() if key in st else torch.zeros_like(g, dtype=torch.float32)
+                        for st, g in zip(states, like)])
 

@@ -19,6 +19,11 @@ dimension, and every method takes tensors [L, ..., *shape] with any number of mi
 An optimizer class's map builder, ``builder(optimizer, group, params, gbar) -> OptimizerMap``, is
 registered with :func:`register_map` (``sgd``, ``adamw`` and ``muon`` register torch's); :class:`StepMaps`
 is what the engine asks for the map of each stack of parameters.
+
+Under FSDP2 a parameter is a ``DTensor`` row shard of the global weight (its ``shape`` global) and so is its
+optimizer state; a builder reads each state tensor through :func:`whole`, which all-gathers a ``DTensor`` into the
+global tensor (the engine maps sharded layers one at a time, so a rank holds one layer's gathered state at
+once) and passes any other tensor through untouched.
 """
 
 from __future__ import annotations
@@ -27,6 +32,7 @@ from collections.abc import Callable, Hashable, Sequence
 from typing import Protocol
 
 import torch
+from torch.distributed.tensor import DTensor
 
 Scale = float | torch.Tensor  # a Python number shared by the L layers, or a [L] tensor
 
@@ -84,6 +90,20 @@ def register_map(optimizer: type) -> Callable[[MapBuilder], MapBuilder]:
         return builder
 
     return register
+
+
+def whole(state: torch.Tensor) -> torch.Tensor:
+    """An optimizer state tensor whole: a ``DTensor`` (the state of an FSDP2-sharded parameter) all-gathered with
+    ``full_tensor()`` into the global tensor [*shape], any other tensor itself (no copy, no operation).
+
+    The gather is a collective: every rank of the mesh reads the same states in the same order (the ghost engine
+    maps the same layers in the same order on every rank).
+
+    Example::
+
+        v = whole(optimizer.state[p]["exp_avg_sq"])  # [*p.shape] under FSDP2, DDP and one process alike
+    """
+    return state.full_tensor() if isinstance(state, DTensor) else state
 
 
 def lead(x: Scale, ndim: int) -> Scale:
