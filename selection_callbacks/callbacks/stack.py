@@ -57,8 +57,9 @@ class Stack:
     checkpointed: bool = False
     reason: str = field(compare=False, repr=False, default=(
         "a method serves the stacks it declares in supported_stack; the default serves the eager learner only, "
-        "because scoring through the learner's per-layer activations and gradients (module hooks, as OPUS and "
-        "GREATS do) is not defined on a compiled graph, on DTensor shards or on recomputed activations"
+        "because a method that reads the learner's layers (module hooks, parameters, optimizer state) must say how "
+        "it does so inside a compiled graph, on DTensor shards and on recomputed activations, as the shipped "
+        "methods do"
     ))
 
 

@@ -4,8 +4,12 @@ Per micro-batch: cut a seeded ``score_len`` window from each candidate, draw a f
 (windows of the target split, or of a user proxy file), run one ghost forward/backward over
 [candidate windows ++ proxy windows] on the unwrapped module, and hand the utilities and
 sketches (as ``features``) to the method's :meth:`calibrate`, which runs on the gathered
-global superbatch under DDP. Every ``diagnostics_every`` selections it also measures how much the
-scores can be trusted: the split-half reliability of the utilities
+global superbatch under DDP. Under a compiled learner the scoring forward runs the learner's eager
+modules (:func:`~selection_callbacks.scoring.ghost.eager.eager`: the capture's per-layer hooks do not
+fire inside a compiled graph) while the training step stays compiled; under activation checkpointing
+the capture ignores the backward's recomputation
+(:class:`~selection_callbacks.scoring.ghost.capture.HookCapture`). Every ``diagnostics_every`` selections
+it also measures how much the scores can be trusted: the split-half reliability of the utilities
 (:mod:`selection_callbacks.scoring.reliability`) and the sketch's real error on a few candidates.
 """
 
@@ -17,20 +21,20 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 import numpy as np
 import torch
 from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback, logs_this_step
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss, needs_target_batch
-from selection_callbacks.callbacks.stack import Stack
 from selection_callbacks.core.selection import Scores
 from selection_callbacks.core.rng import derived_seed, micro_batch_generator
 from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.token_bin import load_token_bin
 from selection_callbacks.nn.heads import vocabulary_size
+from selection_callbacks.scoring.ghost.eager import compiled_modules, eager
 from selection_callbacks.scoring.ghost.engine import FACTOR_TOLERANCE, GhostEngine, GhostScores, check_precision
 from selection_callbacks.scoring.maps.base import StepMaps
 from selection_callbacks.scoring.ghost.layers import scored_layers, shared_weights, unscorable_layers
@@ -118,7 +122,7 @@ class GhostSelection(SelectionCallback):
         nonfinite: see :class:`SelectionCallback`.
     """
 
-    supported_stack = Stack(sharded=True)
+    supported_stack = SelectionCallback.FULL_STACK
 
     def __init__(
         self,
@@ -180,6 +184,16 @@ class GhostSelection(SelectionCallback):
         if self.proxy_path is not None:
             self._proxy_split = self._load_proxy(getattr(trainer, "datamodule", None))
             check_vocabulary(self._proxy_split, module, f"proxy={self.proxy_path}")
+
+    @override
+    def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
+        super().on_fit_start(trainer, pl_module)
+        compiled = compiled_modules(pl_module)
+        if compiled:
+            shown = ", ".join(name or type(pl_module).__name__ for name in compiled[:4]) + (" …" if len(compiled) > 4 else "")
+            rank_zero_warn(f"{type(self).__name__} scores the learner's eager modules ({shown} run eager in the scoring "
+                           "pass): the ghost capture's per-layer hooks do not fire inside a compiled graph; the "
+                           "training step stays compiled")
 
     @override
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
@@ -258,7 +272,7 @@ class GhostSelection(SelectionCallback):
         if self.engine is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not run: add the callback to the Trainer")
         diagnose = self.diagnostic_call()
-        loss_fn = lambda b: per_sample_loss(pl_module, b)
+        loss_fn = lambda b: _eager_loss(pl_module, b)
         probe = self.sketch_check if diagnose else 0
         self._last = self.engine.score(loss_fn, rows, n, self.step_maps(trainer, k), self.seed, probe,
                                        factor_errors=logs_this_step(trainer))  # read only by the logged metrics
@@ -346,6 +360,12 @@ class GhostSelection(SelectionCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self.diagnostics = [dict(c) for c in state_dict.get("diagnostics", [])]  # absent in older checkpoints
+
+
+def _eager_loss(pl_module: L.LightningModule, rows: MutableMapping) -> torch.Tensor:
+    """The learner's per-row losses [R] from its eager modules (the compiled ones, if any, skipped for this forward)."""
+    with eager(pl_module):
+        return per_sample_loss(pl_module, rows)
 
 
 def _scores_of(ghost: GhostScores, n: int, who: str) -> Scores:

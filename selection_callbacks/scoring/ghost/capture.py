@@ -51,12 +51,18 @@ class _Forward:
     roots: list[torch.Tensor] = field(default_factory=list)
     calls: list[nn.Module] | None = None
     root_call: int = 0  # the earliest scored layer's place in ``calls``
+    done: bool = False  # the loss exists: a layer that runs now is the backward recomputing it (checkpointing)
 
 
 class HookCapture:
     """:class:`Capture` by hooks on the eager module: a forward hook on every scored layer keeps its input and puts a
     tensor hook on its output; one ``torch.autograd.grad`` of Σ_r ℓ_r with respect to the earliest captured
     activations (the first float input, plus the outputs of layers fed by ids) fires the tensor hooks.
+
+    Under activation checkpointing (non-reentrant ``torch.utils.checkpoint``) the backward recomputes each
+    checkpointed block's forward, which runs the layers' forward hooks again; those calls come after the loss
+    and are ignored: the tensor hooks sit on the first forward's outputs, which are the autograd graph's nodes, so
+    every output gradient arrives once, and the blocks' other activations are still recomputed, not kept.
 
     Args:
         model: the module the layers belong to.
@@ -83,6 +89,7 @@ class HookCapture:
         try:
             with torch.enable_grad():
                 losses = loss_fn(rows)
+                forward.done = True
                 if not forward.roots:
                     raise RuntimeError("ghost capture: no scored layer ran with gradients enabled")
                 ready()
@@ -98,7 +105,7 @@ class HookCapture:
     @staticmethod
     def _hook(name: str, state: PassState, forward: _Forward, arrived: Arrived) -> Callable:
         def hook(module: nn.Module, args: tuple, kwargs: dict, output: torch.Tensor) -> None:
-            if not torch.is_grad_enabled() or not output.requires_grad:
+            if forward.done or not torch.is_grad_enabled() or not output.requires_grad:
                 return
             if name in state.inputs:
                 raise RuntimeError(
