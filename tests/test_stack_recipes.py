@@ -16,7 +16,7 @@ import pytest
 
 ROOT = Path(__file__).resolve().parents[1]
 PAGE = ROOT / "docs" / "stack.md"
-RECIPES = ["compiled", "bf16", "checkpointing", "fsdp2", "full"]
+RECIPES = ["compiled", "bf16", "checkpointing", "fsdp2", "ddp", "full"]
 
 
 def recipe(name: str) -> str:
