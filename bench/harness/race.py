@@ -43,7 +43,7 @@ from jsonargparse import ArgumentParser
 
 from bench.harness.compare import Plan, build_parser as compare_parser, resolve_variants, run_one, scale_config
 from bench.harness.methods import ROOT, Method
-from bench.harness.steptime import machine_line, measure
+from bench.harness.steptime import add_run_arguments, machine_line, measure
 from selection_callbacks.data.datamodule import PoolDataModule
 
 WARMUP_SHARE = 0.2
@@ -152,10 +152,7 @@ def markdown(result: dict[str, Any], argv: list[str]) -> str:
 def build_parser() -> ArgumentParser:
     """The ``bench.harness.race`` flags."""
     p = ArgumentParser(prog="python -m bench.harness.race", description=__doc__.split("\n\n")[0])
-    p.add_argument("--pool", required=True, help="the training pool, passed to every run as --data.pool")
-    p.add_argument("--target", required=True, help="the target split (what selectors may read)")
-    p.add_argument("--val", required=True, help="the validation split (the runs' evaluation points)")
-    p.add_argument("--methods", required=True, help="comma-separated, random included; name@arg=value variants")
+    add_run_arguments(p)
     p.add_argument("--budget", type=float, required=True, help="wall-clock seconds per method's run")
     p.add_argument("--scale", default="cpu-tiny", help="configs/scale/<name>.yaml or a YAML path")
     p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw", help="the learner's optimizer")

@@ -130,13 +130,18 @@ def machine_line(rows: dict[str, list[dict[str, Any]]]) -> str:
     return f"Machine: {'; '.join(cpus)}; {load}."
 
 
-def build_parser() -> ArgumentParser:
-    """The ``bench.harness.steptime`` flags."""
-    p = ArgumentParser(prog="python -m bench.harness.steptime", description=__doc__.split("\n\n")[0])
+def add_run_arguments(p: ArgumentParser) -> None:
+    """The data and method flags of a harness that times ``train.py`` runs of several methods."""
     p.add_argument("--pool", required=True, help="the training pool, passed to every run as --data.pool")
     p.add_argument("--target", required=True, help="the target split (what selectors may read)")
     p.add_argument("--val", required=True, help="the validation split (the runs' evaluation points)")
     p.add_argument("--methods", required=True, help="comma-separated, random included; name@arg=value variants")
+
+
+def build_parser() -> ArgumentParser:
+    """The ``bench.harness.steptime`` flags."""
+    p = ArgumentParser(prog="python -m bench.harness.steptime", description=__doc__.split("\n\n")[0])
+    add_run_arguments(p)
     p.add_argument("--steps", type=int, default=120, help="training steps per run")
     p.add_argument("--evals", type=int, default=4, help="validation points per run (the slope's support)")
     p.add_argument("--repeats", type=int, default=3, help="interleaved repeats, each running every method once")
