@@ -7,8 +7,9 @@ declaration: every method scores under the trainer's precision context (fp32 or 
 
 What is read from the fit:
 
-- compiled: a learner module compiled in place (``Module.compile()``: ``_compiled_call_impl`` set), an
-  ``OptimizedModule`` inside it, or a LightningModule handed to ``trainer.fit`` after ``torch.compile``.
+- compiled: a learner module compiled in place (``Module.compile()``), an ``OptimizedModule`` inside it, or a
+  LightningModule handed to ``trainer.fit`` after ``torch.compile``
+  (:func:`~selection_callbacks.scoring.ghost.eager.compiled_modules`, the modules the ghost methods score eager).
 - sharded: parameters that are ``DTensor`` (FSDP2's ``fully_shard``) under Lightning's ``ModelParallelStrategy``.
 - checkpointed: a block checkpointed by :func:`~selection_callbacks.nn.checkpointing.checkpoint_activations`
   (what a learner applies with :func:`~selection_callbacks.nn.checkpointing.checkpoint_activations`) or wrapped in torch's ``CheckpointWrapper``.
@@ -25,11 +26,11 @@ from typing import Any
 
 import torch.nn as nn
 from lightning.pytorch.strategies import DDPStrategy, DeepSpeedStrategy, ModelParallelStrategy, SingleDeviceStrategy
-from torch._dynamo.eval_frame import OptimizedModule
 from torch.distributed.algorithms._checkpoint.checkpoint_wrapper import CheckpointWrapper
 from torch.distributed.tensor import DTensor
 
 from selection_callbacks.nn.checkpointing import is_checkpointed
+from selection_callbacks.scoring.ghost.eager import compiled_modules
 
 __all__ = ["Stack", "fit_stack", "stack_problems"]
 
@@ -74,9 +75,7 @@ _WHAT = {
 def fit_stack(pl_module: nn.Module) -> Stack:
     """The stack ``pl_module`` trains under: compiled, sharded, checkpointed (the module docstring says what is read)."""
     modules = list(pl_module.modules())
-    compiled = getattr(pl_module, "_compiler_ctx", None) is not None or any(
-        isinstance(m, OptimizedModule) or getattr(m, "_compiled_call_impl", None) is not None for m in modules
-    )
+    compiled = bool(compiled_modules(pl_module))
     sharded = any(isinstance(p, DTensor) for p in pl_module.parameters())
     checkpointed = any(isinstance(m, CheckpointWrapper) or is_checkpointed(m) for m in modules)
     return Stack(compiled=compiled, sharded=sharded, checkpointed=checkpointed)
