@@ -84,6 +84,8 @@ def load_rung(text: str) -> dict[str, Any]:
     name, results_path, steptime_path = parse_rung(text)
     results = json.loads(results_path.read_text())
     steptime = json.loads(steptime_path.read_text()) if steptime_path else None
+    timing_path = steptime_path and steptime_path.parent / "pass_timing.json"
+    timing = json.loads(timing_path.read_text()) if timing_path and timing_path.exists() else None
     for key, trained in (("optimizer", results["config"]["optimizer"]), ("scale", name)):
         if steptime and steptime["config"].get(key) != trained:
             raise SystemExit(f"{name}: {steptime_path} timed {key} {steptime['config'].get(key)}, not {trained}")
@@ -91,7 +93,7 @@ def load_rung(text: str) -> dict[str, Any]:
     learner = learner_config(scale)
     params = count_params(learner)
     return {"name": name, "results_path": str(results_path), "steptime_path": steptime_path and str(steptime_path),
-            "results": results, "steptime": steptime, "scale": scale, "learner": learner, "params": params,
+            "results": results, "steptime": steptime, "timing": timing, "scale": scale, "learner": learner, "params": params,
             "tokens": results["config"]["tokens"], "tokens_per_param": results["config"]["tokens"] / params}
 
 
@@ -218,15 +220,21 @@ def family(name: str) -> str:
 
 
 def cost_check(rungs: list[dict[str, Any]], methods: list[str]) -> list[dict[str, Any]]:
-    """Per rung and timed method: modelled step ratio, measured one and the error (measured − modelled), split
-    into the passes' share of the measured extra (measured − 1) and the rest the passes do not explain."""
+    """Per rung and timed method: the FLOP-modelled step ratio, the calibrated one (its passes at this host's
+    per-model seconds, :mod:`bench.harness.pass_timing`; None where the rung has no ``pass_timing.json``), the
+    measured one and the error (measured − the calibrated ratio where there is one, else the FLOP-modelled one),
+    with the passes' share of the measured extra (measured − 1) and the rest they do not explain."""
     rows = []
     for rung in rungs:
         timed = (rung["steptime"] or {}).get("methods", {})
+        timing = (rung["timing"] or {}).get("methods", {})
         for name in (m for m in methods if m in timed and m != "random"):
-            measured, modelled = step_time_ratio(timed[name]), timed[name]["modelled_ratio"]
+            measured, flops = step_time_ratio(timed[name]), timed[name]["modelled_ratio"]
+            calibrated = timing[name]["ratio"] if name in timing else None
+            modelled = flops if calibrated is None else calibrated
             error = measured - modelled
-            rows.append({"rung": rung["name"], "method": name, "family": family(name), "modelled": modelled,
+            rows.append({"rung": rung["name"], "method": name, "family": family(name), "flops": flops,
+                         "calibrated": calibrated, "modelled": modelled,
                          "measured": measured, "in_run": timed[name].get("in_run_ratio_median") is not None,
                          "error": error, "parts": timed[name]["modelled_parts"],
                          "passes_share": (modelled - 1) / (measured - 1) if measured > 1 else float("nan"),
@@ -342,18 +350,22 @@ def check_lines(rows: list[dict[str, Any]]) -> list[str]:
     """The cost model's check: modelled against measured step ratio per rung and method."""
     if not rows:
         return [f"No rung has a step-time file: the check is {NOT_MEASURED}."]
-    lines = ["| rung | method | modelled × | measured × | measured − modelled | modelled parts | passes' share of the "
-             "measured extra | check |", "|---|---|---:|---:|---:|---|---:|---|"]
+    lines = ["| rung | method | FLOP-modelled × | calibrated × | measured × | measured − calibrated | FLOP parts | "
+             "passes' share of the measured extra | check |", "|---|---|---:|---:|---:|---:|---|---:|---|"]
     for r in rows:
         parts = ", ".join(f"{k} {v:.3f}" for k, v in r["parts"].items()) or "none"
         check = (("**exceeds 0.1**" if r["exceeds"] else "within 0.1") if r["family"] == "loss" else
                  f"{r['error']:+.2f} not in the passes: {fmt_value(1 - r['passes_share'], '.0%')} of the extra")
-        lines.append(f"| {r['rung']} | {r['method']} | {r['modelled']:.3f} | {r['measured']:.3f}"
+        calibrated = NOT_MEASURED if r["calibrated"] is None else f"{r['calibrated']:.3f}"
+        lines.append(f"| {r['rung']} | {r['method']} | {r['flops']:.3f} | {calibrated} | {r['measured']:.3f}"
                      f"{'' if r['in_run'] else ' (run vs run)'} | {r['error']:+.3f} | {parts} | "
                      f"{fmt_value(r['passes_share'], '.0%')} | {check} |")
-    return lines + ["", "Modelled: 1 + the selector's counted passes, each weighed by its model's matmul FLOPs per "
-                    "token over the training step's (`bench/harness/cost_model.py`). Measured: the in-run ratio of the "
-                    "step-time file. The loss-based methods' extra cost is passes, and their error is held to "
+    return lines + ["", "FLOP-modelled: 1 + the selector's counted passes, each weighed by its model's matmul FLOPs per "
+                    "token over the training step's (`bench/harness/cost_model.py`). Calibrated: the same passes at "
+                    "their seconds on this host, each model timed at the run's shapes against the learner's plain "
+                    "step in one interleaved process (`bench/harness/pass_timing.py`); the error is measured − "
+                    "calibrated (measured − FLOP-modelled where a rung was not calibrated). Measured: the in-run ratio "
+                    "of the step-time file. The loss-based methods' extra cost is passes, and their error is held to "
                     f"{LOSS_TOLERANCE}. A gradient method's measured extra (measured − 1) is its passes (the modelled "
                     "parts: the scoring forward and the ghost backward) plus work the model does not count: the "
                     "sketch's projections, the optimizer map applied to the factors, the sampling and redundancy "

@@ -192,7 +192,7 @@ def test_method_variants_pass_selection_overrides(tiny_corpus, tmp_path) -> None
 
 
 def test_steptime_ratios_from_interleaved_runs(bench_run, tiny_corpus) -> None:
-    from bench.harness import steptime
+    from bench.harness import pass_timing, steptime
 
     root, scale, _ = bench_run
     out = root / "steptime"
@@ -220,6 +220,12 @@ def test_steptime_ratios_from_interleaved_runs(bench_run, tiny_corpus) -> None:
     with pytest.raises(SystemExit, match="offline selector"):
         steptime.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val", tiny_corpus["val"],
                        "--methods", "random,dsir", "--out", str(out)])
+    # the cost model's calibration: the runs' passes timed on this host against random's run re-run by train.py
+    timing = pass_timing.main([str(out), "--rounds", "1", "--run-steps", "8"])
+    assert json.loads((out / "pass_timing.json").read_text()) == timing and timing["plain_step"] == "train.py"
+    assert timing["plain_step_seconds"] > 0 and timing["learner_step_seconds"] > 0
+    assert timing["methods"]["random"]["ratio"] == 1.0 and timing["methods"]["high_loss"]["ratio"] > 1.0
+    assert set(timing["methods"]["high_loss"]["seconds_per_step"]) == {"learner_fwd"}
 
 
 def test_cost_model_weighs_passes_by_their_models_flops() -> None:

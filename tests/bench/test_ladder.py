@@ -85,8 +85,8 @@ def test_report_across_rungs(tmp_path) -> None:
     assert [r["name"] for r in report["rungs"]] == ["mini", "small"]  # ordered by size
     row = next(line for line in text.splitlines() if line.startswith("| rho@score_len=16 | small |"))
     assert row.count("not measured") == 3
-    assert "| mini | classact | 2.200 | 2.500 | +0.300 |" in text and "**exceeds 0.1**" in text
-    assert "| mini | rho@score_len=16 | 1.127 | 1.120 | -0.007 |" in text and "within 0.1" in text
+    assert "| mini | classact | 2.200 | not measured | 2.500 | +0.300 |" in text and "**exceeds 0.1**" in text
+    assert "| mini | rho@score_len=16 | 1.127 | not measured | 1.120 | -0.007 |" in text and "within 0.1" in text
     assert text.rstrip().endswith("leaves it empty. -->") and "## Which method at which size" in text
     assert report["trends"]["rho@score_len=16"]["delta"]["rungs"] == 2
     assert report["trends"]["rho@score_len=16"]["step"]["rungs"] == 1
@@ -98,6 +98,13 @@ def test_report_across_rungs(tmp_path) -> None:
     oracle = np.mean(np.array(FINALS["oracle"]) - np.array(FINALS["random"]))
     assert saved["cells"]["small"]["rho@score_len=16"]["oracle_diff"] == pytest.approx(oracle)
     assert saved["rungs"][0]["tokens_per_param"] == pytest.approx(TOKENS / saved["rungs"][0]["params"])
+    timing = {"methods": {"classact": {"ratio": 2.45}, "rho@score_len=16": {"ratio": 1.30}}}
+    (tmp_path / "pass_timing.json").write_text(json.dumps(timing))  # the check then holds the calibrated ratio
+    ladder.main(["--methods", "random,rho@score_len=16,classact", "--out", str(tmp_path / "out"),
+                 "--rung", f"mini={paths['mini']}:{tmp_path / 'steptime.json'}"])
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| mini | classact | 2.200 | 2.450 | 2.500 | +0.050 |" in text
+    assert "| mini | rho@score_len=16 | 1.127 | 1.300 | 1.120 | -0.180 |" in text and "**exceeds 0.1**" in text
     with pytest.raises(SystemExit, match="timed scale mini, not small"):  # a timing of another rung is refused
         ladder.load_rung(f"small={paths['small']}:{tmp_path / 'steptime.json'}")
 

@@ -1,0 +1,255 @@
+"""Seconds per pass on this host: the per-model rates that calibrate the cost model's FLOP weights.
+
+    python -m bench.harness.pass_timing bench/results/ladder/steptime-cpu-mini --threads 1
+
+The FLOP model (:func:`bench.harness.cost_model.modelled_cost`) weighs every pass at the training step's
+FLOP rate. A CPU runs models of different widths at different rates: a small model's matmuls are short and its
+per-call overhead weighs more, so at cpu-mini (2 × 64) a learner FLOP costs more wall-clock than a FLOP of
+its 2 × 128 proxies, and the FLOP model overstates the proxies' share. This module times, in one process
+with every shape interleaved round by round (so drifting load hits them alike), each pass a steptime
+run's selector counted, at that run's shapes, and the learner's plain step. For a run whose selector
+counted ``passes_k`` passes of kind k over ``steps`` steps,
+
+    calibrated ratio = 1 + Σ_k (passes_k / steps) · t_k / t_step
+
+t_step: the plain step as the Trainer runs it: the random run of the same folder re-run by ``train.py`` for
+``--run-steps`` steps in each round, its training wall-clock's slope between its first and last validation
+(the steptime run's own measure), so the data, hooks and logging every step pays are in it. The learner's
+forward, cross-entropy backward and AdamW step over the K × T tokens it trains on, without the Trainer, is
+timed beside it (``learner_step_seconds``); their quotient less one is the framework's share of the plain
+step (``framework_share``), the part a FLOP count cannot see. t_k: seconds of one pass of kind k: a forward without gradients over rows × length tokens (length: the
+method's ``score_len`` when it scores windows, else the run's T; rows: the pass's tokens / length), a
+backward the difference between a training pass (forward, backward, and an AdamW step for a proxy, which
+trains; none for the learner's scoring backward) and that forward. Passes under ``*_pretrain`` (one-off)
+are left out, as in the FLOP model. Not timed, so they show in the check as measured − calibrated: the
+selection's non-pass work (top-K, gathers, the ghost methods' maps and sketches) and cache effects between
+the selection and the training step.
+
+Writes ``pass_timing.json`` into the steptime folder: per method, the calibrated ratio per run and its
+median and each kind's seconds per step; the plain step's and the learner step's seconds.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+import torch.nn.functional as F
+import yaml
+from jsonargparse import ArgumentParser
+
+from bench.harness.methods import ROOT
+from selection_callbacks.nn.gpt import GPT, GPTConfig
+
+Shape = tuple[str, int, int, str]
+"""(model, rows, length, what): ``what`` is ``fwd`` (no gradients), ``train`` (forward, backward, AdamW step) or
+``grad`` (forward and backward, no optimizer step)."""
+
+
+def run_models(config: dict[str, Any]) -> dict[str, GPTConfig]:
+    """The architectures a run's passes use: ``learner`` (its GPT) and ``proxy`` (proxy_layers × proxy_width of
+    it, with the learner's vocabulary and context), the latter only for a selector that builds proxies."""
+    learner = {k: v for k, v in config["model"]["init_args"]["config"].items() if k in GPTConfig.__dataclass_fields__}
+    models = {"learner": GPTConfig(**learner)}
+    init = (config.get("selection") or {}).get("init_args") or {}
+    if "proxy_layers" in init:
+        models["proxy"] = GPTConfig(**{**learner, "n_layer": init["proxy_layers"], "n_embd": init["proxy_width"],
+                                       "n_head": init["proxy_heads"]})
+    return models
+
+
+def run_passes(config: dict[str, Any], metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
+    """Per counted pass kind (``reference_fwd``, ``learner_reached_bwd``, ...; one-off kinds left out): its model
+    (``learner`` or ``proxy``), passes per step and shape (rows, length). Passes of one kind over different row
+    counts (an actor's scoring forward over N rows, its training forward over K) are timed at the nearest whole
+    rows to their mean and counted at the mean (``scale``: mean rows / timed rows)."""
+    selection = metrics.get("selection") or {}
+    init = (config.get("selection") or {}).get("init_args") or {}
+    seq_len, steps = config["data"]["seq_len"], max(1, metrics["global_step"])
+    length = min(init.get("score_len") or seq_len, seq_len)
+    out = {}
+    for key, counted in (selection.get("cost") or {}).items():
+        owner, kind = key.rsplit("_", 1)
+        if owner.endswith("_pretrain") or not counted["passes"]:
+            continue
+        per_pass = counted["tokens"] / counted["passes"]
+        rows = per_pass / length
+        timed = max(1, round(rows))
+        out[key] = {"model": "learner" if owner.startswith("learner") else "proxy", "kind": kind,
+                    "per_step": counted["passes"] / steps, "rows": timed, "length": length, "scale": rows / timed}
+    return out
+
+
+def pass_shapes(passes: dict[str, dict[str, Any]]) -> dict[str, list[Shape]]:
+    """Per pass kind, the timed shapes whose seconds make it: a forward is one ``fwd``; a backward is its training
+    pass (``train`` for a proxy, ``grad`` for the learner) minus its ``fwd``."""
+    out = {}
+    for key, p in passes.items():
+        fwd = (p["model"], p["rows"], p["length"], "fwd")
+        out[key] = [fwd] if p["kind"] == "fwd" else [(p["model"], p["rows"], p["length"],
+                                                      "train" if p["model"] == "proxy" else "grad"), fwd]
+    return out
+
+
+class Timer:
+    """Median seconds of each shape's pass, timed in ``rounds`` rounds that each run every shape once.
+
+    Args:
+        models: architectures by name (:func:`run_models`).
+        rounds: interleaved rounds; the median over them is each shape's time.
+        budget: seconds each shape runs per round (its repetitions are set from one warm-up call).
+        seed: initialises the models and draws the token ids.
+    """
+
+    def __init__(self, models: dict[str, GPTConfig], rounds: int = 5, budget: float = 0.3, seed: int = 0) -> None:
+        torch.manual_seed(seed)
+        self.models = {name: GPT(cfg) for name, cfg in models.items()}
+        self.optimizers = {name: torch.optim.AdamW(m.parameters()) for name, m in self.models.items()}
+        self.rounds, self.budget = rounds, budget
+
+    def call(self, shape: Shape) -> None:
+        name, rows, length, what = shape
+        model = self.models[name]
+        ids = torch.randint(0, model.config.vocab_size, (rows, length + 1))
+        if what == "fwd":
+            with torch.no_grad():
+                model(ids[:, :-1])
+            return
+        logits = model(ids[:, :-1])
+        F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()
+        if what == "train":
+            self.optimizers[name].step()
+        self.optimizers[name].zero_grad(set_to_none=True)
+
+    def seconds(self, shapes: list[Shape], timed: dict[str, Callable[[], float]] | None = None) -> dict[Any, float]:
+        """Median seconds per shape's pass, and per ``timed`` callable (run once a round, returning its seconds)."""
+        reps = {}
+        for shape in shapes:
+            self.call(shape)
+            start = time.perf_counter()
+            self.call(shape)
+            reps[shape] = max(1, round(self.budget / max(time.perf_counter() - start, 1e-6)))
+        samples: dict[Any, list[float]] = {s: [] for s in [*shapes, *(timed or {})]}
+        for _ in range(self.rounds):
+            for shape in shapes:
+                start = time.perf_counter()
+                for _ in range(reps[shape]):
+                    self.call(shape)
+                samples[shape].append((time.perf_counter() - start) / reps[shape])
+            for name, measure in (timed or {}).items():
+                samples[name].append(measure())
+        return {s: statistics.median(v) for s, v in samples.items()}
+
+
+def run_step(run_dir: Path, steps: int, threads: int) -> float:
+    """Seconds per training step of ``run_dir``'s ``train.py`` run (its config.yaml) re-run for ``steps`` steps in a
+    scratch folder: the slope of its training wall-clock between the first and last of 4 validations.
+
+    Raises:
+        ValueError: ``steps`` is not a multiple of 4 of at least 8.
+    """
+    if steps < 8 or steps % 4:
+        raise ValueError(f"--run-steps {steps}: give a multiple of 4, at least 8 (the run validates every steps/4)")
+    with tempfile.TemporaryDirectory() as tmp:
+        cmd = [sys.executable, str(ROOT / "train.py"), "fit", "--config", str(run_dir / "config.yaml"),
+               "--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(steps // 4),
+               "--trainer.default_root_dir", tmp]
+        env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+        done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
+        if done.returncode:
+            raise RuntimeError(f"re-running {run_dir} failed:\n{done.stderr[-2000:]}")
+        walls = [w for _, w, _ in json.loads((Path(tmp) / "metrics.json").read_text())["curve"]]
+    return (walls[-1] - walls[0]) / (steps - steps // 4)
+
+
+def calibrated(passes: dict[str, dict[str, Any]], seconds: dict[Shape, float], step: float) -> dict[str, Any]:
+    """``{"ratio", "seconds"}``: the calibrated step ratio and each kind's seconds per step (module docstring)."""
+    per_step = {}
+    for key, shapes in pass_shapes(passes).items():
+        one = seconds[shapes[0]] - (seconds[shapes[1]] if len(shapes) > 1 else 0.0)
+        per_step[key] = passes[key]["per_step"] * passes[key].get("scale", 1.0) * max(one, 0.0)
+    return {"ratio": 1.0 + sum(per_step.values()) / step, "seconds": per_step}
+
+
+def time_runs(runs: dict[str, list[Path]], threads: int = 1, rounds: int = 5, budget: float = 0.3,
+              run_steps: int = 40) -> dict[str, Any]:
+    """Per method, the calibrated ratio of each run folder (config.yaml and metrics.json) and its median.
+
+    Every run must share one learner, T and batch. The plain step is ``runs["random"]``'s first run re-run for
+    ``run_steps`` steps each round (:func:`run_step`); without a random run (or with ``run_steps`` 0) it is the
+    learner's step timed without the Trainer.
+
+    Example:
+        >>> # time_runs({"random": [Path("runs/abc/random/seed0")], "rho": [Path("runs/abc/rho/seed0")]})
+    """
+    torch.set_num_threads(threads)
+    loaded = {name: [(yaml.safe_load((d / "config.yaml").read_text()), json.loads((d / "metrics.json").read_text()))
+                     for d in dirs] for name, dirs in runs.items()}
+    configs = [c for pairs in loaded.values() for c, _ in pairs]
+    models = {}
+    for c in configs:
+        models.update(run_models(c))
+    learner, batch, seq_len = models["learner"], configs[0]["data"]["batch_size"], configs[0]["data"]["seq_len"]
+    if any((run_models(c)["learner"], c["data"]["batch_size"], c["data"]["seq_len"]) != (learner, batch, seq_len)
+           for c in configs):
+        raise ValueError("the runs differ in learner, batch or sequence length: time each setting apart")
+    passes = {name: [run_passes(c, m) for c, m in pairs] for name, pairs in loaded.items()}
+    step_shape: Shape = ("learner", batch, seq_len, "train")
+    shapes = sorted({s for runs_ in passes.values() for p in runs_ for ss in pass_shapes(p).values() for s in ss}
+                    | {step_shape})
+    plain = runs.get("random", [None])[0] if run_steps else None
+    timed = {"run": lambda: run_step(plain, run_steps, threads)} if plain else {}
+    seconds = Timer(models, rounds, budget).seconds(shapes, timed)
+    learner_step = seconds[step_shape]
+    step = seconds.get("run", learner_step)
+    out: dict[str, Any] = {"plain_step_seconds": step, "learner_step_seconds": learner_step,
+                           "framework_share": step / learner_step - 1, "plain_step": "train.py" if plain else "learner",
+                           "threads": threads, "methods": {}}
+    for name, runs_ in passes.items():
+        each = [calibrated(p, seconds, step) for p in runs_]
+        out["methods"][name] = {"ratio": statistics.median(e["ratio"] for e in each),
+                                "ratios": [e["ratio"] for e in each], "seconds_per_step": each[0]["seconds"],
+                                "passes": runs_[0]}
+    return out
+
+
+def steptime_runs(folder: Path) -> dict[str, list[Path]]:
+    """A steptime folder's run folders by method (``runs/<config>/<method>/seed<r>``)."""
+    dirs = sorted(p.parent for p in folder.glob("runs/*/*/seed*/metrics.json"))
+    if not dirs:
+        raise SystemExit(f"{folder}: no runs/<config>/<method>/seed*/metrics.json; run bench.harness.steptime first")
+    out: dict[str, list[Path]] = {}
+    for d in dirs:
+        out.setdefault(d.parent.name, []).append(d)
+    return out
+
+
+def main(argv: list[str] | None = None) -> dict[str, Any]:
+    p = ArgumentParser(prog="python -m bench.harness.pass_timing", description=__doc__.split("\n\n")[0])
+    p.add_argument("folder", help="a bench.harness.steptime --out folder")
+    p.add_argument("--threads", type=int, default=1, help="CPU threads (the steptime run's)")
+    p.add_argument("--rounds", type=int, default=5, help="interleaved rounds; each shape's median over them")
+    p.add_argument("--run-steps", type=int, default=40,
+                   help="steps of each round's train.py re-run of the random run (a multiple of 4; 0: no re-run)")
+    a = p.parse_args(argv)
+    folder = Path(a.folder)
+    result = time_runs(steptime_runs(folder), a.threads, a.rounds, run_steps=a.run_steps)
+    (folder / "pass_timing.json").write_text(json.dumps(result, indent=1))
+    print(f"[pass_timing] plain step {result['plain_step_seconds'] * 1e3:.1f} ms ({result['plain_step']}), learner "
+          f"step {result['learner_step_seconds'] * 1e3:.1f} ms", flush=True)
+    for name, m in result["methods"].items():
+        print(f"[pass_timing] {name}: calibrated × {m['ratio']:.3f}", flush=True)
+    return result
+
+
+if __name__ == "__main__":
+    main()
