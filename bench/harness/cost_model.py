@@ -15,6 +15,9 @@ reaches (all of them unless only late layers are scored). Passes under ``<model>
 show as the gap between a measured and a modelled ratio: the maps (Muon's Newton–Schulz products),
 sketches, host syncs, kernel launches and Python.
 
+The FLOP weight assumes every model runs a FLOP at the learner's rate; on a CPU a narrower model runs slower
+per FLOP. :mod:`bench.harness.pass_timing` weighs the same counted passes by their seconds on the host instead.
+
 :func:`projected_cost` carries a run's modelled parts to another shape (a larger learner, a longer
 context) under stated assumptions; see its docstring.
 """

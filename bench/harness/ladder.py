@@ -2,9 +2,9 @@
 
     R=bench/results
     python -m bench.harness.ladder --methods random,oracle,rho@score_len=16,classact,opus \
-        --rung cpu-mini=$R/ladder/cpu-mini/results.json:$R/ladder/cpu-mini/steptime/steptime.json \
-        --rung cpu-tiny=$R/default-adamw/results.json:$R/steptime/cpu-tiny-adamw-loss-inrun/steptime.json \
-        --rung cpu-small=$R/ladder/cpu-small/results.json --out $R/ladder
+        --rung cpu-mini=$R/ladder/cpu-mini/results.json:$R/ladder/steptime-cpu-mini/steptime.json \
+        --rung cpu-tiny=$R/default-adamw/results.json:$R/ladder/steptime-cpu-tiny/steptime.json \
+        --rung cpu-small=$R/ladder/cpu-small/results.json:$R/ladder/steptime-cpu-small/steptime.json --out $R/ladder
 
 A rung is ``NAME=RESULTS[:STEPTIME]``: its scale's name, a ``bench.harness.compare`` results.json and, where one
 was measured, a ``bench.harness.steptime`` steptime.json of that scale and the comparison's optimizer (without it the step and equal-wall
@@ -20,7 +20,8 @@ columns read "not measured"). Per rung it counts the learner's parameters from t
 
 Across rungs, per method, a least-squares line of Δ (and of step ×) against log₁₀ parameters, its slope with
 standard error and 95% interval. The cost model's check sets each method's modelled step ratio
-(:mod:`bench.harness.cost_model`) against the measured one per rung; the projection carries each rung's modelled
+(:mod:`bench.harness.cost_model`; calibrated by :mod:`bench.harness.pass_timing` where the step-time folder holds
+its ``pass_timing.json``) against the measured one per rung; the projection carries each rung's modelled
 parts to ``--project`` (:func:`bench.harness.cost_model.projected_cost`). Writes ``report.md``, ``ladder.json``
 and ``delta_vs_params.png``, ``step_vs_params.png``, ``equal_wall_vs_params.png`` into ``--out``; the report's
 "Which method at which size" section is left for a person to write from the data.
@@ -50,6 +51,8 @@ from bench.harness.report import fmt_relative, fmt_value, paired_test
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 
 NOT_MEASURED = "not measured"
+PROXY_SLOWDOWN = 4.0
+"""The projection's sensitivity: proxy passes charged this many times their FLOPs' share of the step."""
 LOSS_TOLERANCE = 0.1
 """The most a loss-based method's modelled step ratio may miss its measured one (RHO-LOSS, ClassAct: their
 extra cost is passes the model counts)."""
@@ -255,15 +258,20 @@ def projection(rungs: list[dict[str, Any]], methods: list[str], target: dict[str
             source, window = method_shape(name, rung["learner"], rung["scale"]["data"]["seq_len"])
             goal = Shape(target["learner"], target["seq_len"], source.proxy and dataclasses.replace(
                 source.proxy, vocab_size=target["learner"].vocab_size, block_size=target["seq_len"]))
+            attention = projected_cost(timed["modelled_parts"], window, source, goal)
             out[name][rung["name"]] = {
                 "matmul": projected_cost(timed["modelled_parts"], window, source, goal, attention=False)["ratio"],
-                "attention": projected_cost(timed["modelled_parts"], window, source, goal)["ratio"],
+                "attention": attention["ratio"],
+                "proxy_share": sum(v for k, v in attention["parts"].items() if not k.startswith("learner")),
+                "slow_proxies": 1.0 + sum(v * (1.0 if k.startswith("learner") else PROXY_SLOWDOWN)
+                                          for k, v in attention["parts"].items()),
                 "gap": step_time_ratio(timed) - timed["modelled_ratio"], "window": window,
                 "passes": bool(timed["modelled_parts"]),
                 "proxy": None if source.proxy is None else f"{source.proxy.n_layer}×{source.proxy.n_embd}"}
     learner, seq_len = target["learner"], target["seq_len"]
     matmul, attention = flops_per_token(learner, 0, False), attention_flops_per_token(learner, seq_len)
     return {"target": {"name": target["name"], "layers": learner.n_layer, "width": learner.n_embd, "seq_len": seq_len,
+                       "vocab": learner.vocab_size,
                        "batch": target["batch"], "params": count_params(learner), "matmul_flops": matmul,
                        "attention_flops": attention, "attention_share": attention / (matmul + attention)},
             "source_batches": {r["name"]: r["scale"]["data"]["batch_size"] for r in rungs}, "methods": out}
@@ -376,26 +384,31 @@ def projection_lines(proj: dict[str, Any]) -> list[str]:
     """The projection's table and the assumptions it rests on, each with its number."""
     t = proj["target"]
     lines = [f"| method | window | proxies | from rung | modelled × at {t['name']}, matmul only | with attention | "
-             "measured − modelled at that rung |", "|---|---:|---|---|---:|---:|---:|"]
+             f"with attention, proxies at 1/{PROXY_SLOWDOWN:g} of the learner's FLOP rate | "
+             "measured − modelled at that rung |", "|---|---:|---|---|---:|---:|---:|---:|"]
     for name, sources in proj["methods"].items():
         if not sources:
-            lines.append(f"| {name} | | | no rung timed it | {NOT_MEASURED} | {NOT_MEASURED} | |")
+            lines.append(f"| {name} | | | no rung timed it | {NOT_MEASURED} | {NOT_MEASURED} | {NOT_MEASURED} | |")
         for rung, p in sources.items():
             bound = " (lower bound)" if family(name) == "gradient" else ""
             window = "–" if not p["passes"] else p["window"] or "whole sequence"
             lines.append(f"| {name} | {window} | {p['proxy'] or 'none'} | {rung} | "
-                         f"{p['matmul']:.3f}{bound} | {p['attention']:.3f}{bound} | {p['gap']:+.3f} |")
+                         f"{p['matmul']:.3f}{bound} | {p['attention']:.3f}{bound} | {p['slow_proxies']:.3f}{bound} | "
+                         f"{p['gap']:+.3f} |")
     batches = ", ".join(f"{k} {v}" for k, v in proj["source_batches"].items())
     return lines + ["", f"A projection, not a measurement: no run at {t['name']} backs it. It carries each rung's "
                     "modelled parts to the target (`bench.harness.cost_model.projected_cost`) and assumes:", "",
                     f"- the learner at {t['name']}: {t['layers']} × {t['width']}, T = {t['seq_len']}, "
-                    f"{t['params']:,} parameters; {t['matmul_flops']:,} matmul FLOPs per forward token and "
+                    f"{t['params']:,} parameters, vocabulary {t['vocab']:,} (the byte-level tokenizer's, so the "
+                    f"proxies' output heads stay small); {t['matmul_flops']:,} matmul FLOPs per forward token and "
                     f"{t['attention_flops']:,} of causal attention (2·layers·T·width), attention "
                     f"{t['attention_share']:.0%} of the step; the 'matmul only' column leaves attention out;",
                     "- attention is counted for a kernel that skips the masked half (flash-style); one that computes "
                     "the whole square doubles it;",
-                    "- every pass runs at the training step's FLOP efficiency. On a GPU a small proxy's matmuls run "
-                    "well below a wide learner's, so the proxies' share is understated;",
+                    "- every pass runs at the training step's FLOP efficiency. On a GPU a 128-wide proxy's matmuls run "
+                    "well below a 768-wide learner's, so the proxies' share is understated; the column before the last "
+                    f"charges every proxy pass {PROXY_SLOWDOWN:g}× its FLOPs' share (a sensitivity, not a measurement; "
+                    "each rung's `pass_timing.json` holds the seconds its proxies' passes took on this CPU);",
                     "- proxies stay at each method's defaults (the proxies column), their context T; scoring windows "
                     "keep their length, so a windowed pass shrinks per update token by the rung's T over the target's;",
                     f"- a pass's rows grow with the batch (batch {t['batch']} at the target; {batches} at the rungs);",

@@ -94,6 +94,10 @@ def test_report_across_rungs(tmp_path) -> None:
     projected = report["projection"]["methods"]
     assert set(projected["rho@score_len=16"]) == {"mini"} and projected["oracle"] == {}
     assert "| oracle | | | no rung timed it |" in text
+    rho = projected["rho@score_len=16"]["mini"]  # the sensitivity charges the proxy's part 4×, the learner's once
+    assert rho["proxy_share"] > 0
+    assert rho["slow_proxies"] == pytest.approx(rho["attention"] + (ladder.PROXY_SLOWDOWN - 1) * rho["proxy_share"])
+    assert rho["slow_proxies"] > rho["attention"] > 1
     saved = json.loads((tmp_path / "out" / "ladder.json").read_text())
     oracle = np.mean(np.array(FINALS["oracle"]) - np.array(FINALS["random"]))
     assert saved["cells"]["small"]["rho@score_len=16"]["oracle_diff"] == pytest.approx(oracle)
