@@ -18,7 +18,11 @@ ratio 0.5, 3 paired seeds). Per row, from the comparison's ``results.json``:
   one-offs are a reference pretrained when training starts (the timing's fixed seconds above random's)
   or an offline selection (its ``selection_seconds`` over random's wall-clock in the comparison).
 
-The module reads only ``results.json`` and ``steptime.json`` files under ``bench/results``.
+The second table, "by model size", reads the ladder's ``bench/results/ladder/ladder.json``
+(``bench.harness.ladder``): per online method and rung, Δ with its paired p, the in-run step × and wall-clock to
+random's final bpb with one-offs charged (the mean over seeds).
+
+The module reads only ``results.json``, ``steptime.json`` and ``ladder.json`` files under ``bench/results``.
 """
 
 from __future__ import annotations
@@ -35,6 +39,10 @@ from scipy import stats
 ROOT = Path(__file__).resolve().parent.parent
 RESULTS = ROOT / "bench" / "results"
 START, END = "<!-- method-table:start -->", "<!-- method-table:end -->"
+SIZE_START, SIZE_END = "<!-- size-table:start -->", "<!-- size-table:end -->"
+LADDER = "ladder/ladder.json"
+SIZE_METHODS = (("RHO-LOSS, 16-token windows", "rho@score_len=16"), ("ClassAct", "classact"), ("OPUS", "opus"),
+                ("oracle (online)", "oracle"))
 STEPTIMES = ("steptime/cpu-tiny-adamw-inrun", "steptime/cpu-tiny-adamw-loss-inrun")
 """Interleaved step-time runs under tuned AdamW on one host, searched in this order for a method."""
 
@@ -154,20 +162,46 @@ def render() -> str:
     return "\n".join(lines) + "\n"
 
 
-def replaced(text: str, table: str) -> str:
-    """``text`` with everything between the markers replaced by ``table``."""
-    head, rest = text.split(START, 1)
-    _, tail = rest.split(END, 1)
-    return f"{head}{START}\n{table}{END}{tail}"
+def size_cell(cell: dict | None) -> str:
+    """``"-0.599 (p < 0.001), 1.28×, 1.34×"``: Δ with its paired p, step × and wall × charged ("–" not measured)."""
+    if cell is None:
+        return "–"
+    step = "–" if cell["step"] is None else f"{cell['step']:.2f}×"
+    wall = "–" if not cell["wall_charged"] else f"{np.mean(cell['wall_charged']):.2f}×"
+    p = "p < 0.001" if cell["p_value"] < 0.001 else f"p {cell['p_value']:.3f}"
+    return f"{cell['diff_mean']:+.3f} ({p}), {step}, {wall}"
+
+
+def render_sizes() -> str:
+    """The by-size table from the ladder: a column per rung (smallest first), a row per online method."""
+    ladder = load(LADDER)
+    rungs = ladder["rungs"]
+    lines = ["| method | " + " | ".join(f"{r['name']} ({r['params'] / 1e6:.2f}M parameters)" for r in rungs) + " |",
+             "|---|" + "---:|" * len(rungs)]
+    for label, name in SIZE_METHODS:
+        lines.append(f"| {label} | " + " | ".join(size_cell(ladder["cells"][r["name"]].get(name)) for r in rungs) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def replaced(text: str, table: str, start: str = START, end: str = END) -> str:
+    """``text`` with everything between the markers ``start`` and ``end`` replaced by ``table``."""
+    head, rest = text.split(start, 1)
+    _, tail = rest.split(end, 1)
+    return f"{head}{start}\n{table}{end}{tail}"
+
+
+def regenerated(text: str) -> str:
+    """README.md's text with both tables rewritten from the results."""
+    return replaced(replaced(text, render()), render_sizes(), SIZE_START, SIZE_END)
 
 
 def main(argv: list[str]) -> int:
     readme = ROOT / "README.md"
     text = readme.read_text()
-    new = replaced(text, render())
+    new = regenerated(text)
     if "--check" in argv:
         if new != text:
-            print("README.md's method table is stale: run python docs/method_table.py", file=sys.stderr)
+            print("README.md's method tables are stale: run python docs/method_table.py", file=sys.stderr)
             return 1
         return 0
     readme.write_text(new)

@@ -23,7 +23,7 @@ def test_readme_is_at_most_250_lines() -> None:
 def test_readme_method_table_is_generated_from_the_committed_results() -> None:
     table = method_table()
     text = (ROOT / "README.md").read_text()
-    assert table.replaced(text, table.render()) == text, "stale table: run python docs/method_table.py"
+    assert table.regenerated(text) == text, "stale tables: run python docs/method_table.py"
 
 
 def test_method_table_rows_and_intervals() -> None:
@@ -36,6 +36,11 @@ def test_method_table_rows_and_intervals() -> None:
     assert mean == pytest.approx(-0.1) and half == pytest.approx(4.303 * 0.02 / 3**0.5, rel=1e-3)
     assert table.tokens_to([[100, 1.0, 3.0], [200, 2.0, 2.0]], 2.5) == 150
     assert table.tokens_to([[100, 1.0, 3.0]], 2.0) is None
+    sizes = table.render_sizes().splitlines()  # the ladder's rungs, smallest first, one row per online method
+    assert len(sizes) == 2 + len(table.SIZE_METHODS) and sizes[0].index("cpu-mini") < sizes[0].index("cpu-small")
+    cell = {"diff_mean": -0.5, "p_value": 0.01, "step": 1.25, "wall_charged": [0.5, 0.7]}
+    assert table.size_cell(cell) == "-0.500 (p 0.010), 1.25×, 0.60×" and table.size_cell(None) == "–"
+    assert table.size_cell({**cell, "p_value": 2e-4, "step": None}).startswith("-0.500 (p < 0.001), –,")
 
 
 def test_stale_table_is_detected(tmp_path) -> None:
