@@ -70,6 +70,17 @@ class Shape:
     proxy: GPTConfig | None = None
 
 
+def proxy_config(learner: GPTConfig, settings: dict[str, Any]) -> GPTConfig | None:
+    """The proxies a proxy method builds beside a GPT ``learner``: ``proxy_layers`` × ``proxy_width`` with
+    ``proxy_heads`` heads and the learner's vocabulary and context, as
+    :meth:`selection_callbacks.methods.bases.proxy.ProxySelection.proxy_config` builds them; None for a method
+    whose ``settings`` (its selection arguments) name no proxies."""
+    if "proxy_layers" not in settings:
+        return None
+    return GPTConfig(vocab_size=learner.vocab_size, block_size=learner.block_size, n_layer=settings["proxy_layers"],
+                     n_head=settings["proxy_heads"], n_embd=settings["proxy_width"])
+
+
 def attention_flops_per_token(config: GPTConfig, context: int) -> int:
     """2 · n_layer · context · n_embd: the score (q·kᵀ) and value (a·v) products of one forward token, each
     2·n_embd FLOPs per key, over the context/2 keys a causal position sees on average (a kernel that skips

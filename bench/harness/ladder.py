@@ -44,7 +44,7 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from bench.harness.compare import scale_config, split_variant
-from bench.harness.cost_model import Shape, attention_flops_per_token, flops_per_token, projected_cost
+from bench.harness.cost_model import Shape, attention_flops_per_token, flops_per_token, projected_cost, proxy_config
 from bench.harness.equal_wall import equal_wall, step_time_ratio
 from bench.harness.methods import REGISTRY, ROOT
 from bench.harness.report import fmt_relative, fmt_value, paired_test
@@ -204,10 +204,7 @@ def method_shape(name: str, learner: GPTConfig, seq_len: int) -> tuple[Shape, in
     """The method's :class:`Shape` beside ``learner`` (its proxies at the method's own layers × width) and its
     scoring window (``score_len``; None: whole sequences)."""
     s = method_settings(name)
-    proxy = None if "proxy_layers" not in s else GPTConfig(
-        vocab_size=learner.vocab_size, block_size=learner.block_size, n_layer=s["proxy_layers"],
-        n_head=s["proxy_heads"], n_embd=s["proxy_width"])
-    return Shape(learner, seq_len, proxy), s.get("score_len")
+    return Shape(learner, seq_len, proxy_config(learner, s)), s.get("score_len")
 
 
 def target_shape(scale: str) -> dict[str, Any]:
@@ -259,12 +256,12 @@ def projection(rungs: list[dict[str, Any]], methods: list[str], target: dict[str
             goal = Shape(target["learner"], target["seq_len"], source.proxy and dataclasses.replace(
                 source.proxy, vocab_size=target["learner"].vocab_size, block_size=target["seq_len"]))
             attention = projected_cost(timed["modelled_parts"], window, source, goal)
+            proxy_share = sum(v for k, v in attention["parts"].items() if not k.startswith("learner"))
             out[name][rung["name"]] = {
                 "matmul": projected_cost(timed["modelled_parts"], window, source, goal, attention=False)["ratio"],
                 "attention": attention["ratio"],
-                "proxy_share": sum(v for k, v in attention["parts"].items() if not k.startswith("learner")),
-                "slow_proxies": 1.0 + sum(v * (1.0 if k.startswith("learner") else PROXY_SLOWDOWN)
-                                          for k, v in attention["parts"].items()),
+                "proxy_share": proxy_share,
+                "slow_proxies": attention["ratio"] + (PROXY_SLOWDOWN - 1) * proxy_share,
                 "gap": step_time_ratio(timed) - timed["modelled_ratio"], "window": window,
                 "passes": bool(timed["modelled_parts"]),
                 "proxy": None if source.proxy is None else f"{source.proxy.n_layer}×{source.proxy.n_embd}"}

@@ -47,24 +47,23 @@ import torch.nn.functional as F
 import yaml
 from jsonargparse import ArgumentParser
 
+from bench.harness.cost_model import proxy_config
 from bench.harness.methods import ROOT
+from bench.harness.steptime import measure
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 
-Shape = tuple[str, int, int, str]
-"""(model, rows, length, what): ``what`` is ``fwd`` (no gradients), ``train`` (forward, backward, AdamW step) or
+Call = tuple[str, int, int, str]
+"""One timed call: (model, rows, length, what): ``what`` is ``fwd`` (no gradients), ``train`` (forward, backward, AdamW step) or
 ``grad`` (forward and backward, no optimizer step)."""
 
 
 def run_models(config: dict[str, Any]) -> dict[str, GPTConfig]:
-    """The architectures a run's passes use: ``learner`` (its GPT) and ``proxy`` (proxy_layers × proxy_width of
-    it, with the learner's vocabulary and context), the latter only for a selector that builds proxies."""
-    learner = {k: v for k, v in config["model"]["init_args"]["config"].items() if k in GPTConfig.__dataclass_fields__}
-    models = {"learner": GPTConfig(**learner)}
-    init = (config.get("selection") or {}).get("init_args") or {}
-    if "proxy_layers" in init:
-        models["proxy"] = GPTConfig(**{**learner, "n_layer": init["proxy_layers"], "n_embd": init["proxy_width"],
-                                       "n_head": init["proxy_heads"]})
-    return models
+    """The architectures a run's passes use: ``learner`` (its GPT) and ``proxy``
+    (:func:`bench.harness.cost_model.proxy_config`), the latter only for a selector that builds proxies."""
+    fields = config["model"]["init_args"]["config"]
+    learner = GPTConfig(**{k: v for k, v in fields.items() if k in GPTConfig.__dataclass_fields__})
+    proxy = proxy_config(learner, (config.get("selection") or {}).get("init_args") or {})
+    return {"learner": learner, **({"proxy": proxy} if proxy else {})}
 
 
 def run_passes(config: dict[str, Any], metrics: dict[str, Any]) -> dict[str, dict[str, Any]]:
@@ -89,7 +88,7 @@ def run_passes(config: dict[str, Any], metrics: dict[str, Any]) -> dict[str, dic
     return out
 
 
-def pass_shapes(passes: dict[str, dict[str, Any]]) -> dict[str, list[Shape]]:
+def pass_shapes(passes: dict[str, dict[str, Any]]) -> dict[str, list[Call]]:
     """Per pass kind, the timed shapes whose seconds make it: a forward is one ``fwd``; a backward is its training
     pass (``train`` for a proxy, ``grad`` for the learner) minus its ``fwd``."""
     out = {}
@@ -116,7 +115,7 @@ class Timer:
         self.optimizers = {name: torch.optim.AdamW(m.parameters()) for name, m in self.models.items()}
         self.rounds, self.budget = rounds, budget
 
-    def call(self, shape: Shape) -> None:
+    def call(self, shape: Call) -> None:
         name, rows, length, what = shape
         model = self.models[name]
         ids = torch.randint(0, model.config.vocab_size, (rows, length + 1))
@@ -130,7 +129,7 @@ class Timer:
             self.optimizers[name].step()
         self.optimizers[name].zero_grad(set_to_none=True)
 
-    def seconds(self, shapes: list[Shape], timed: dict[str, Callable[[], float]] | None = None) -> dict[Any, float]:
+    def seconds(self, shapes: list[Call], timed: dict[str, Callable[[], float]] | None = None) -> dict[Any, float]:
         """Median seconds per shape's pass, and per ``timed`` callable (run once a round, returning its seconds)."""
         reps = {}
         for shape in shapes:
@@ -145,8 +144,8 @@ class Timer:
                 for _ in range(reps[shape]):
                     self.call(shape)
                 samples[shape].append((time.perf_counter() - start) / reps[shape])
-            for name, measure in (timed or {}).items():
-                samples[name].append(measure())
+            for name, take in (timed or {}).items():
+                samples[name].append(take())
         return {s: statistics.median(v) for s, v in samples.items()}
 
 
@@ -167,11 +166,10 @@ def run_step(run_dir: Path, steps: int, threads: int) -> float:
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"re-running {run_dir} failed:\n{done.stderr[-2000:]}")
-        walls = [w for _, w, _ in json.loads((Path(tmp) / "metrics.json").read_text())["curve"]]
-    return (walls[-1] - walls[0]) / (steps - steps // 4)
+        return measure(Path(tmp), steps // 4)["step_seconds"]
 
 
-def calibrated(passes: dict[str, dict[str, Any]], seconds: dict[Shape, float], step: float) -> dict[str, Any]:
+def calibrated(passes: dict[str, dict[str, Any]], seconds: dict[Call, float], step: float) -> dict[str, Any]:
     """``{"ratio", "seconds"}``: the calibrated step ratio and each kind's seconds per step (module docstring)."""
     per_step = {}
     for key, shapes in pass_shapes(passes).items():
@@ -195,15 +193,14 @@ def time_runs(runs: dict[str, list[Path]], threads: int = 1, rounds: int = 5, bu
     loaded = {name: [(yaml.safe_load((d / "config.yaml").read_text()), json.loads((d / "metrics.json").read_text()))
                      for d in dirs] for name, dirs in runs.items()}
     configs = [c for pairs in loaded.values() for c, _ in pairs]
-    models = {}
-    for c in configs:
-        models.update(run_models(c))
-    learner, batch, seq_len = models["learner"], configs[0]["data"]["batch_size"], configs[0]["data"]["seq_len"]
-    if any((run_models(c)["learner"], c["data"]["batch_size"], c["data"]["seq_len"]) != (learner, batch, seq_len)
-           for c in configs):
+    built = [run_models(c) for c in configs]
+    settings = [(b["learner"], c["data"]["batch_size"], c["data"]["seq_len"]) for b, c in zip(built, configs)]
+    if any(other != settings[0] for other in settings):
         raise ValueError("the runs differ in learner, batch or sequence length: time each setting apart")
+    _, batch, seq_len = settings[0]
+    models = {name: cfg for b in built for name, cfg in b.items()}
     passes = {name: [run_passes(c, m) for c, m in pairs] for name, pairs in loaded.items()}
-    step_shape: Shape = ("learner", batch, seq_len, "train")
+    step_shape: Call = ("learner", batch, seq_len, "train")
     shapes = sorted({s for runs_ in passes.values() for p in runs_ for ss in pass_shapes(p).values() for s in ss}
                     | {step_shape})
     plain = runs.get("random", [None])[0] if run_steps else None
