@@ -21,9 +21,11 @@ columns read "not measured"). Per rung it counts the learner's parameters from t
 Across rungs, per method, a least-squares line of Δ (and of step ×) against log₁₀ parameters, its slope with
 standard error and 95% interval. The cost model's check sets each method's modelled step ratio
 (:mod:`bench.harness.cost_model`; calibrated by :mod:`bench.harness.pass_timing` where the step-time folder holds
-its ``pass_timing.json``) against the measured one per rung; the projection carries each rung's modelled
-parts to ``--project`` (:func:`bench.harness.cost_model.projected_cost`). Writes ``report.md``, ``ladder.json``
-and ``delta_vs_params.png``, ``step_vs_params.png``, ``equal_wall_vs_params.png`` into ``--out``; the report's
+its ``pass_timing.json``) against the measured one per rung, and splits a gradient method's gap into the parts
+of its selection where the folder holds its ``ghost_parts.json`` (:mod:`bench.studies.ghost_parts`); the
+projection carries each rung's modelled parts to ``--project`` (:func:`bench.harness.cost_model.projected_cost`).
+Writes ``report.md``, ``ladder.json`` and ``delta_vs_params.png``, ``step_vs_params.png``,
+``equal_wall_vs_params.png`` into ``--out``; the report's
 "Which method at which size" section is left for a person to write from the data.
 """
 
@@ -82,13 +84,18 @@ def count_params(config: GPTConfig) -> int:
         return GPT(config).num_params()
 
 
+def folder_file(steptime_path: Path | None, name: str) -> dict[str, Any] | None:
+    """A JSON file beside a rung's steptime.json (its calibration ``pass_timing.json``, its ``ghost_parts.json``)."""
+    path = steptime_path and steptime_path.parent / name
+    return json.loads(path.read_text()) if path and path.exists() else None
+
+
 def load_rung(text: str) -> dict[str, Any]:
     """A rung's files, scale, learner, parameters and update tokens per parameter."""
     name, results_path, steptime_path = parse_rung(text)
     results = json.loads(results_path.read_text())
     steptime = json.loads(steptime_path.read_text()) if steptime_path else None
-    timing_path = steptime_path and steptime_path.parent / "pass_timing.json"
-    timing = json.loads(timing_path.read_text()) if timing_path and timing_path.exists() else None
+    timing, parts = (folder_file(steptime_path, name) for name in ("pass_timing.json", "ghost_parts.json"))
     for key, trained in (("optimizer", results["config"]["optimizer"]), ("scale", name)):
         if steptime and steptime["config"].get(key) != trained:
             raise SystemExit(f"{name}: {steptime_path} timed {key} {steptime['config'].get(key)}, not {trained}")
@@ -96,7 +103,8 @@ def load_rung(text: str) -> dict[str, Any]:
     learner = learner_config(scale)
     params = count_params(learner)
     return {"name": name, "results_path": str(results_path), "steptime_path": steptime_path and str(steptime_path),
-            "results": results, "steptime": steptime, "timing": timing, "scale": scale, "learner": learner, "params": params,
+            "results": results, "steptime": steptime, "timing": timing, "parts": parts, "scale": scale,
+            "learner": learner, "params": params,
             "tokens": results["config"]["tokens"], "tokens_per_param": results["config"]["tokens"] / params}
 
 
@@ -242,6 +250,27 @@ def cost_check(rungs: list[dict[str, Any]], methods: list[str]) -> list[dict[str
     return rows
 
 
+def gap_parts(rungs: list[dict[str, Any]], check: list[dict[str, Any]]) -> list[dict[str, Any]]:
+    """Per rung and ghost method with a ``ghost_parts.json``: its measured − calibrated gap from the check, and its
+    selection's parts as shares of the step ratio (:mod:`bench.studies.ghost_parts`): the passes as they ran in the
+    re-run against their calibrated share, and each part the cost model leaves out."""
+    gaps = {(r["rung"], r["method"]): r for r in check}
+    rows = []
+    for rung in rungs:
+        for name, m in ((rung["parts"] or {}).get("methods") or {}).items():
+            checked = gaps.get((rung["name"], name))
+            if checked is None:
+                continue
+            passes = m["shares"]["forward"] + m["shares"]["backward"]
+            rows.append({"rung": rung["name"], "method": name, "measured": checked["measured"],
+                         "calibrated": checked["modelled"], "gap": checked["error"], "rerun": m["in_run_ratio"],
+                         "passes_calibrated": checked["modelled"] - 1, "passes_in_run": passes,
+                         "left_out": {k: v for k, v in m["shares"].items() if k not in ("forward", "backward")},
+                         "left_out_total": m["left_out_share"],
+                         "random_selection": m["random_selection_seconds"] / m["base_seconds"]})
+    return rows
+
+
 def projection(rungs: list[dict[str, Any]], methods: list[str], target: dict[str, Any]) -> dict[str, Any]:
     """Per method, from each rung that timed it: its modelled step ratio at ``target`` (matmul FLOPs only, and with
     attention) and the rung's measured − modelled gap; with the numbers the projection assumes."""
@@ -367,14 +396,45 @@ def check_lines(rows: list[dict[str, Any]]) -> list[str]:
                      f"{fmt_value(r['passes_share'], '.0%')} | {check} |")
     return lines + ["", "FLOP-modelled: 1 + the selector's counted passes, each weighed by its model's matmul FLOPs per "
                     "token over the training step's (`bench/harness/cost_model.py`). Calibrated: the same passes at "
-                    "their seconds on this host, each model timed at the run's shapes against the learner's plain "
-                    "step in one interleaved process (`bench/harness/pass_timing.py`); the error is measured − "
+                    "their seconds on this host, each model timed at the run's shapes with the learner's plain step "
+                    "in the same process, the median over rounds in fresh processes (`bench/harness/pass_timing.py`); "
+                    "the error is measured − "
                     "calibrated (measured − FLOP-modelled where a rung was not calibrated). Measured: the in-run ratio "
                     "of the step-time file. The loss-based methods' extra cost is passes, and their error is held to "
                     f"{LOSS_TOLERANCE}. A gradient method's measured extra (measured − 1) is its passes (the modelled "
                     "parts: the scoring forward and the ghost backward) plus work the model does not count: the "
                     "sketch's projections, the optimizer map applied to the factors, the sampling and redundancy "
                     "penalty, hooks, host syncs and Python; the last column gives that remainder and its share."]
+
+
+def gap_lines(rows: list[dict[str, Any]]) -> list[str]:
+    """A ghost method's measured − calibrated gap per rung, part by part."""
+    if not rows:
+        return ["No rung has a `ghost_parts.json` (`python -m bench.studies.ghost_parts FOLDER`): "
+                "the gap is not split."]
+    names = list(rows[0]["left_out"])
+    lines = ["| rung | method | measured − calibrated | = passes in the run − calibrated | + left out | "
+             "− random's selection | + measured − re-run | " + " | ".join(n.replace("_", " ") for n in names) + " |",
+             "|---|---|" + "---:|" * (5 + len(names))]
+    for r in rows:
+        terms = (r["gap"], r["passes_in_run"] - r["passes_calibrated"], r["left_out_total"], -r["random_selection"],
+                 r["measured"] - r["rerun"])
+        lines.append(f"| {r['rung']} | {r['method']} | " + " | ".join(f"{t:+.3f}" for t in terms) + " | "
+                     + " | ".join(f"{r['left_out'][n]:.3f}" for n in names) + " |")
+    return lines + [
+        "", "Each term is in step-ratio units (seconds over the in-run ratio's denominator), and the terms add up to "
+        "measured − calibrated. The selection of a ghost method is re-run with a timer on each part "
+        "(`bench/studies/ghost_parts.py`, the step-time run's config, one thread). Its scoring forward and backward "
+        "(the counted passes) as they ran inside the capture, where the backward computes activation gradients only, "
+        "stand against the calibrated passes, whose backward computes weight gradients too. The 'left out' column "
+        "sums the parts the cost model leaves out. Per layer group as its gradients arrive: stacking the captured "
+        "factors, the maps (the proxy direction, the optimizer's map read from its state, Q = −Jᵀḡ), the utilities "
+        "Σ_t b_tᵀ Q a_t (the product the cost model counts in the backward's second unit), the sketches of P G_i, and "
+        "the rest of the layer scoring. Then grouping the layers, collecting the passes, building the step's map "
+        "object, drawing the windows and proxy rows, calibrating the utilities (the sketches' Gram matrix), the "
+        "sampling with its redundancy penalty, and the rest of the selection (its recorded seconds less the timed "
+        "parts). The last term is the re-run's in-run ratio against the step-time run's: the spread from one process "
+        "to the next."]
 
 
 def projection_lines(proj: dict[str, Any]) -> list[str]:
@@ -492,6 +552,7 @@ def markdown(report: dict[str, Any], rungs: list[dict[str, Any]], methods: list[
              *trend_lines(report["trends"], len(rungs)), "", "## Plots", "",
              *[f"![{ylabel}]({file})" for file, ylabel, _, _ in PLOTS.values()], "",
              "## The cost model against measured step times", "", *check_lines(report["cost_check"]), "",
+             "### A gradient method's gap, part by part", "", *gap_lines(report["gap_parts"]), "",
              f"## Step time at {report['projection']['target']['name']}: a projection", "",
              *projection_lines(report["projection"]), "", "## Which method at which size", "",
              "<!-- Written by hand from the tables above once every rung is in; "
@@ -518,9 +579,10 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rungs = sorted((load_rung(text) for text in a.rung), key=lambda r: r["params"])
     cells = {r["name"]: rung_cells(r, methods) for r in rungs}
     trends = {m: method_trends(rungs, cells, m) for m in methods if m != "random"}
+    check = cost_check(rungs, methods)
     report = {"rungs": [{k: (dataclasses.asdict(v) if k == "learner" else v) for k, v in r.items()
-                         if k not in ("results", "steptime", "scale")} for r in rungs],
-              "cells": cells, "trends": trends, "cost_check": cost_check(rungs, methods),
+                         if k not in ("results", "steptime", "scale", "parts")} for r in rungs],
+              "cells": cells, "trends": trends, "cost_check": check, "gap_parts": gap_parts(rungs, check),
               "projection": projection(rungs, methods, target_shape(a.project))}
     a.out.mkdir(parents=True, exist_ok=True)
     command = " ".join(["python -m bench.harness.ladder", *(argv if argv is not None else sys.argv[1:])])

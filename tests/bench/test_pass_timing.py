@@ -72,10 +72,11 @@ def test_time_runs_times_real_passes(tmp_path) -> None:
     seconds = timer.seconds([("proxy", 8, 32, "fwd"), ("proxy", 8, 32, "train")])
     assert seconds[("proxy", 8, 32, "train")] > seconds[("proxy", 8, 32, "fwd")] > 0
     out = pass_timing.time_runs(runs, rounds=2, budget=0.02, run_steps=0)  # train.py's re-run: tests/bench/test_bench.py
-    assert out["methods"]["random"]["ratio"] == 1.0 and out["methods"]["rho"]["ratio"] > 1.0
+    assert out["methods"]["random"]["ratios"] == [1.0, 1.0] and out["methods"]["rho"]["ratio"] > 1.0
+    assert len(out["methods"]["rho"]["ratios"]) == 2 and out["rounds"] == 2  # one ratio per round's process
     assert out["plain_step"] == "learner" and out["framework_share"] == 0.0
     with pytest.raises(ValueError, match="multiple of 4"):
-        pass_timing.run_step(tmp_path, 10, 1)
+        pass_timing.run_step(tmp_path, 10)
     other = tmp_path / "wide" / "seed0"
     other.mkdir(parents=True)
     (other / "config.yaml").write_text(yaml.safe_dump({**config, "data": {"seq_len": 32, "batch_size": 8}}))
