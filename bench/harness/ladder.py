@@ -55,6 +55,8 @@ from selection_callbacks.nn.gpt import GPT, GPTConfig
 NOT_MEASURED = "not measured"
 PROXY_SLOWDOWN = 4.0
 """The projection's sensitivity: proxy passes charged this many times their FLOPs' share of the step."""
+COUNTED_PARTS = ("forward", "backward", "utilities")
+"""A ghost method's selection parts (:mod:`bench.studies.ghost_parts`) that the cost model counts as passes."""
 LOSS_TOLERANCE = 0.1
 """The most a loss-based method's modelled step ratio may miss its measured one (RHO-LOSS, ClassAct: their
 extra cost is passes the model counts)."""
@@ -95,7 +97,7 @@ def load_rung(text: str) -> dict[str, Any]:
     name, results_path, steptime_path = parse_rung(text)
     results = json.loads(results_path.read_text())
     steptime = json.loads(steptime_path.read_text()) if steptime_path else None
-    timing, parts = (folder_file(steptime_path, name) for name in ("pass_timing.json", "ghost_parts.json"))
+    timing, parts = (folder_file(steptime_path, file) for file in ("pass_timing.json", "ghost_parts.json"))
     for key, trained in (("optimizer", results["config"]["optimizer"]), ("scale", name)):
         if steptime and steptime["config"].get(key) != trained:
             raise SystemExit(f"{name}: {steptime_path} timed {key} {steptime['config'].get(key)}, not {trained}")
@@ -251,23 +253,24 @@ def cost_check(rungs: list[dict[str, Any]], methods: list[str]) -> list[dict[str
 
 
 def gap_parts(rungs: list[dict[str, Any]], check: list[dict[str, Any]]) -> list[dict[str, Any]]:
-    """Per rung and ghost method with a ``ghost_parts.json``: its measured − calibrated gap from the check, and its
-    selection's parts as shares of the step ratio (:mod:`bench.studies.ghost_parts`): the passes as they ran in the
-    re-run against their calibrated share, and each part the cost model leaves out."""
+    """Per rung and ghost method with a ``ghost_parts.json`` and a calibrated ratio: its measured − calibrated gap from
+    the check, split with its selection's parts (:mod:`bench.studies.ghost_parts`), all over the re-run's in-run
+    denominator: the counted passes as they ran (forward, backward, utilities) less their calibrated seconds, the
+    parts the cost model leaves out, random's selection (which the in-run ratio charges random), and the rest:
+    the step-time run and the calibration against the re-run, which ran in other processes."""
     gaps = {(r["rung"], r["method"]): r for r in check}
     rows = []
     for rung in rungs:
         for name, m in ((rung["parts"] or {}).get("methods") or {}).items():
             checked = gaps.get((rung["name"], name))
-            if checked is None:
+            if checked is None or checked["calibrated"] is None:
                 continue
-            passes = m["shares"]["forward"] + m["shares"]["backward"]
-            rows.append({"rung": rung["name"], "method": name, "measured": checked["measured"],
-                         "calibrated": checked["modelled"], "gap": checked["error"], "rerun": m["in_run_ratio"],
-                         "passes_calibrated": checked["modelled"] - 1, "passes_in_run": passes,
-                         "left_out": {k: v for k, v in m["shares"].items() if k not in ("forward", "backward")},
-                         "left_out_total": m["left_out_share"],
-                         "random_selection": m["random_selection_seconds"] / m["base_seconds"]})
+            passes = m["counted_share"] - m["calibrated_share"]
+            random_selection = m["random_selection_seconds"] / m["base_seconds"]
+            rows.append({"rung": rung["name"], "method": name, "gap": checked["error"], "passes": passes,
+                         "left_out": {k: v for k, v in m["shares"].items() if k not in COUNTED_PARTS},
+                         "left_out_total": m["left_out_share"], "random_selection": random_selection,
+                         "other_processes": checked["error"] - passes - m["left_out_share"] + random_selection})
     return rows
 
 
@@ -410,31 +413,32 @@ def check_lines(rows: list[dict[str, Any]]) -> list[str]:
 def gap_lines(rows: list[dict[str, Any]]) -> list[str]:
     """A ghost method's measured − calibrated gap per rung, part by part."""
     if not rows:
-        return ["No rung has a `ghost_parts.json` (`python -m bench.studies.ghost_parts FOLDER`): "
+        return ["No rung has a `ghost_parts.json` (`python -m bench.studies.ghost_parts FOLDER`) and a calibration: "
                 "the gap is not split."]
     names = list(rows[0]["left_out"])
-    lines = ["| rung | method | measured − calibrated | = passes in the run − calibrated | + left out | "
-             "− random's selection | + measured − re-run | " + " | ".join(n.replace("_", " ") for n in names) + " |",
+    lines = ["| rung | method | measured − calibrated | = counted passes as run − calibrated | + left out | "
+             "− random's selection | + other processes | " + " | ".join(n.replace("_", " ") for n in names) + " |",
              "|---|---|" + "---:|" * (5 + len(names))]
     for r in rows:
-        terms = (r["gap"], r["passes_in_run"] - r["passes_calibrated"], r["left_out_total"], -r["random_selection"],
-                 r["measured"] - r["rerun"])
-        lines.append(f"| {r['rung']} | {r['method']} | " + " | ".join(f"{t:+.3f}" for t in terms) + " | "
+        terms = (r["gap"], r["passes"], r["left_out_total"])
+        lines.append(f"| {r['rung']} | {r['method']} | " + " | ".join(f"{t:+.3f}" for t in terms)
+                     + f" | {r['random_selection']:.3f} | {r['other_processes']:+.3f} | "
                      + " | ".join(f"{r['left_out'][n]:.3f}" for n in names) + " |")
     return lines + [
-        "", "Each term is in step-ratio units (seconds over the in-run ratio's denominator), and the terms add up to "
-        "measured − calibrated. The selection of a ghost method is re-run with a timer on each part "
-        "(`bench/studies/ghost_parts.py`, the step-time run's config, one thread). Its scoring forward and backward "
-        "(the counted passes) as they ran inside the capture, where the backward computes activation gradients only, "
-        "stand against the calibrated passes, whose backward computes weight gradients too. The 'left out' column "
-        "sums the parts the cost model leaves out. Per layer group as its gradients arrive: stacking the captured "
-        "factors, the maps (the proxy direction, the optimizer's map read from its state, Q = −Jᵀḡ), the utilities "
-        "Σ_t b_tᵀ Q a_t (the product the cost model counts in the backward's second unit), the sketches of P G_i, and "
-        "the rest of the layer scoring. Then grouping the layers, collecting the passes, building the step's map "
-        "object, drawing the windows and proxy rows, calibrating the utilities (the sketches' Gram matrix), the "
-        "sampling with its redundancy penalty, and the rest of the selection (its recorded seconds less the timed "
-        "parts). The last term is the re-run's in-run ratio against the step-time run's: the spread from one process "
-        "to the next."]
+        "", "Each term is in step-ratio units: seconds over the in-run ratio's denominator of a re-run of the ghost "
+        "method's step-time run with a timer on each part of its selection (`bench/studies/ghost_parts.py`: the "
+        "same config, steps and thread), and the terms add up to measured − calibrated. Counted passes as run: the "
+        "scoring forward, the capture's backward (activation gradients) and the utilities Σ_t b_tᵀ Q a_t (the "
+        "backward's second unit in the cost model, in place of the weight gradient), less the calibrated seconds of "
+        "the same passes. Left out, the sum of the parts after it: per layer group as its gradients arrive, the "
+        "factors, the maps (the proxy direction, the optimizer's map read from its state, Q = −Jᵀḡ), the sketches "
+        "of P G_i (which, where AdamW's map is far from rank one, form each P G_i and read the utilities from it, "
+        "so there the utilities are timed with the sketches) and the rest of the layer scoring; then grouping the "
+        "layers, collecting the passes, building the step's map object, drawing the windows and proxy rows, "
+        "calibrating the utilities (the sketches' Gram matrix), the sampling with its redundancy penalty, and the "
+        "rest of the selection (its recorded seconds less the timed parts). Other processes: what is left, the "
+        "step-time runs' in-run ratio and the calibration's plain step against the re-run's, which ran in other "
+        "processes and, where the step-time runs shared the host, under other load."]
 
 
 def projection_lines(proj: dict[str, Any]) -> list[str]:

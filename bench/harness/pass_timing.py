@@ -30,7 +30,8 @@ carry both. So t_k and t_step of a round come from the same process (the plain s
 and a method's calibrated ratio is the median over the rounds' ratios.
 
 Writes ``pass_timing.json`` into the steptime folder: per method, the calibrated ratio of each round and their
-median, and each kind's median seconds per step; the plain step's and the learner step's median seconds.
+median, and each kind's median seconds per step; the plain step's and the learner step's median seconds; and per
+round the CPUs other processes held while it ran (``other_cpus``).
 """
 
 from __future__ import annotations
@@ -53,11 +54,12 @@ from jsonargparse import SUPPRESS, ArgumentParser
 from bench.harness.cost_model import proxy_config
 from bench.harness.methods import ROOT
 from bench.harness.steptime import measure
+from selection_callbacks.core.machine_load import LoadSnapshot, other_cpu_seconds
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 
 Call = tuple[str, int, int, str]
-"""One timed call: (model, rows, length, what): ``what`` is ``fwd`` (no gradients), ``train`` (forward, backward, AdamW step) or
-``grad`` (forward and backward, no optimizer step)."""
+"""One timed call: (model, rows, length, what): ``what`` is ``fwd`` (no gradients), ``train`` (forward, backward,
+AdamW step) or ``grad`` (forward and backward, no optimizer step)."""
 
 
 def run_models(config: dict[str, Any]) -> dict[str, GPTConfig]:
@@ -103,20 +105,19 @@ def pass_shapes(passes: dict[str, dict[str, Any]]) -> dict[str, list[Call]]:
 
 
 class Timer:
-    """Median seconds of each shape's pass, timed in ``rounds`` rounds that each run every shape once.
+    """Seconds of each shape's pass: after a warm-up call, its mean over repetitions that fill ``budget`` seconds.
 
     Args:
         models: architectures by name (:func:`run_models`).
-        rounds: interleaved rounds; the median over them is each shape's time.
         budget: seconds each shape runs per round (its repetitions are set from one warm-up call).
         seed: initialises the models and draws the token ids.
     """
 
-    def __init__(self, models: dict[str, GPTConfig], rounds: int = 5, budget: float = 0.3, seed: int = 0) -> None:
+    def __init__(self, models: dict[str, GPTConfig], budget: float = 0.3, seed: int = 0) -> None:
         torch.manual_seed(seed)
         self.models = {name: GPT(cfg) for name, cfg in models.items()}
         self.optimizers = {name: torch.optim.AdamW(m.parameters()) for name, m in self.models.items()}
-        self.rounds, self.budget = rounds, budget
+        self.budget = budget
 
     def call(self, shape: Call) -> None:
         name, rows, length, what = shape
@@ -133,26 +134,26 @@ class Timer:
         self.optimizers[name].zero_grad(set_to_none=True)
 
     def seconds(self, shapes: list[Call]) -> dict[Call, float]:
-        """Median seconds per shape's pass."""
+        """Seconds per shape's pass, the shapes timed one after another."""
         reps = {}
         for shape in shapes:
             self.call(shape)
             start = time.perf_counter()
             self.call(shape)
             reps[shape] = max(1, round(self.budget / max(time.perf_counter() - start, 1e-6)))
-        samples: dict[Call, list[float]] = {s: [] for s in shapes}
-        for _ in range(self.rounds):
-            for shape in shapes:
-                start = time.perf_counter()
-                for _ in range(reps[shape]):
-                    self.call(shape)
-                samples[shape].append((time.perf_counter() - start) / reps[shape])
-        return {s: statistics.median(v) for s, v in samples.items()}
+        out = {}
+        for shape in shapes:
+            start = time.perf_counter()
+            for _ in range(reps[shape]):
+                self.call(shape)
+            out[shape] = (time.perf_counter() - start) / reps[shape]
+        return out
 
 
 def run_step(run_dir: Path, steps: int) -> float:
     """Seconds per training step of ``run_dir``'s ``train.py`` run (its config.yaml) re-run in this process for
-    ``steps`` steps in a scratch folder: the slope of its training wall-clock between the first and last of 4 validations.
+    ``steps`` steps in a scratch folder: the slope of its training wall-clock between the first and last of 4
+    validations.
 
     Raises:
         ValueError: ``steps`` is not a multiple of 4 of at least 8.
@@ -196,19 +197,24 @@ def _plan(runs: dict[str, list[Path]]) -> tuple[dict[str, GPTConfig], dict[str, 
 
 
 def time_round(runs: dict[str, list[Path]], budget: float, run_steps: int, plain_first: bool) -> dict[str, Any]:
-    """One round, in this process: each pass shape's seconds, the learner's step and the plain step (random's first run
+    """One round, in this process: each pass shape's seconds, the learner's step, the plain step (random's first run
     re-run for ``run_steps`` steps by :func:`run_step`, before the shapes with ``plain_first``, else after; the
-    learner's step when there is no random run or ``run_steps`` is 0)."""
+    learner's step when there is no random run or ``run_steps`` is 0) and the CPUs other processes held meanwhile
+    (None where the platform does not say)."""
+    start = LoadSnapshot.now()
     models, passes, step_shape = _plan(runs)
     shapes = sorted({s for runs_ in passes.values() for p in runs_ for ss in pass_shapes(p).values() for s in ss}
                     | {step_shape})
     plain = runs.get("random", [None])[0] if run_steps else None
     step = run_step(plain, run_steps) if plain and plain_first else None
-    seconds = Timer(models, rounds=1, budget=budget).seconds(shapes)
+    seconds = Timer(models, budget=budget).seconds(shapes)
     if plain and not plain_first:
         step = run_step(plain, run_steps)
+    end = LoadSnapshot.now()
+    other = other_cpu_seconds(start, end)
     return {"seconds": [[*shape, seconds[shape]] for shape in shapes], "learner_step": seconds[step_shape],
-            "plain_step": seconds[step_shape] if step is None else step}
+            "plain_step": seconds[step_shape] if step is None else step,
+            "other_cpus": None if other is None else round(other / (end.wall - start.wall), 3)}
 
 
 def time_runs(runs: dict[str, list[Path]], threads: int = 1, rounds: int = 5, budget: float = 0.3,
@@ -230,7 +236,7 @@ def time_runs(runs: dict[str, list[Path]], threads: int = 1, rounds: int = 5, bu
     timed = []
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "runs.json"
-        spec.write_text(json.dumps({name: [str(d) for d in dirs] for name, dirs in runs.items()}))
+        spec.write_text(json.dumps({name: [str(d.resolve()) for d in dirs] for name, dirs in runs.items()}))
         for r in range(rounds):
             out = Path(tmp) / f"round{r}.json"
             cmd = [sys.executable, "-m", "bench.harness.pass_timing", "--round-of", str(spec), "--round-out", str(out),
@@ -249,7 +255,7 @@ def time_runs(runs: dict[str, list[Path]], threads: int = 1, rounds: int = 5, bu
         "learner_step_seconds": statistics.median(t["learner_step"] for t in timed),
         "framework_share": statistics.median(t["plain_step"] / t["learner_step"] - 1 for t in timed),
         "plain_step": "train.py" if run_steps and "random" in runs else "learner", "threads": threads, "rounds": rounds,
-        "methods": {}}
+        "other_cpus": [t["other_cpus"] for t in timed], "methods": {}}
     for name, runs_ in passes.items():
         ratios = [statistics.mean(c["ratio"] for c in e[name]) for e in each]  # a round's ratio: mean over the runs
         kinds = each[0][name][0]["seconds"]
@@ -299,6 +305,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     for name, m in result["methods"].items():
         spread = f"{min(m['ratios']):.3f}–{max(m['ratios']):.3f}"
         print(f"[pass_timing] {name}: calibrated × {m['ratio']:.3f} (rounds {spread})", flush=True)
+    print(f"[pass_timing] other processes held {result['other_cpus']} CPUs, round by round", flush=True)
     return result
 
 

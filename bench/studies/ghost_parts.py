@@ -3,17 +3,21 @@
     python -m bench.studies.ghost_parts bench/results/ladder/steptime-cpu-mini --method opus
 
 The cost model counts a ghost method's passes (the scoring forward and the backward to the earliest scored
-layer); the step-time check (:mod:`bench.harness.ladder`) leaves the rest of its measured step ratio as one gap.
-This study re-runs the method's run of a :mod:`bench.harness.steptime` folder (its ``config.yaml``, one thread)
-with timers around the parts of the selection, and splits the selection's seconds per step into
+layer, whose second unit is the utilities); the step-time check (:mod:`bench.harness.ladder`) leaves the rest of
+its measured step ratio as one gap. This study re-runs the method's run of a :mod:`bench.harness.steptime` folder
+(its ``config.yaml``, for the folder's steps, validations and threads) with timers around the parts of the
+selection, and splits the selection's seconds per step into
 
 - ``forward``: the scoring forward over candidate and proxy windows, with the capture's forward hooks;
-- ``backward``: autograd's backward from the losses to the earliest scored layer, less the layer scoring it fires;
-- per layer group, as its output gradients arrive: ``factors``, stacking the captured inputs and output gradients;
-  ``maps``, the proxy direction ḡ, the optimizer's map P read from its state and Q = −Jᵀḡ (and, on logging steps,
-  the factor error of AdamW's map); ``utilities``, u_i = Σ_t b_tᵀ Q a_t; ``sketches``, the sketch of each P G_i;
-  ``layer_rest``, the rest of the layer scoring (biases, embedding rows, norms, bookkeeping);
-- ``grouping``: stacking the captured layers into groups, after the forward;
+- ``backward``: the capture's backward from the losses to the earliest scored layer (activation gradients), less
+  the layer scoring it fires;
+- per layer group, as its output gradients arrive: ``factors``, the captured inputs and output gradients in the
+  weight's orientation; ``maps``, the proxy direction ḡ, the optimizer's map P read from its state and
+  Q = −Jᵀḡ (and, on logging steps, the factor error of AdamW's map); ``utilities``, u_i = Σ_t b_tᵀ Q a_t;
+  ``sketches``, the sketch of each P G_i; where AdamW's map is far from rank one the sketch forms each P G_i and
+  reads u_i from it, so there the utilities are timed with the sketches; ``layer_rest``, the rest of the layer
+  scoring (stacking, biases, embeddings, the sketch's probe on diagnostic selections, bookkeeping);
+- ``grouping``: grouping the captured layers into stacks, after the forward;
 - ``collect``: gathering the passes' utilities, losses and sketches;
 - ``step_maps``: building the step's map object from the optimizer;
 - ``windows``: drawing the proxy rows and the candidates' and proxy rows' scoring windows;
@@ -23,13 +27,12 @@ with timers around the parts of the selection, and splits the selection's second
   above: what the selection does around them (checks, the record, the subset, counters).
 
 Each part's time is exclusive (a part timed inside another is taken out of it), so the parts sum to the recorded
-selection seconds. The selections of the steps between
-the run's first and last validation count, as in the step-time slope. A part's share is its seconds over the
-in-run ratio's denominator (the re-run's step less its selection, plus random's selection from the folder's
-``steptime.json``), so 1 + the shares less random's selection over that denominator is the re-run's in-run ratio:
-``forward`` and ``backward`` are the counted passes as they run inside the capture (the calibrated seconds of the
-same passes, from the folder's ``pass_timing.json``, stand beside them), the other parts are what the cost model
-leaves out.
+selection seconds. The selections between the run's first and last validation count, as in the step-time slope.
+A part's share is its seconds over the in-run ratio's denominator (the re-run's step less its selection, plus
+random's selection from the folder's ``steptime.json``), so 1 + the shares less random's selection over that
+denominator is the re-run's in-run ratio. ``forward``, ``backward`` and ``utilities`` are the counted passes as
+they run inside the capture; the calibrated seconds of the same passes (the folder's ``pass_timing.json``) stand
+beside them over the same denominator; the other parts are what the cost model leaves out.
 
 Writes ``ghost_parts.json`` into the folder: per method, each part's seconds per step and share, the re-run's step,
 selection and in-run ratio, and the calibrated passes.
@@ -50,23 +53,21 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Any
 
-import torch
-
 import selection_callbacks.methods  # noqa: F401  (registers every method, so every ghost subclass is wrapped)
 from bench.harness.methods import ROOT
 from bench.harness.steptime import measure
 from selection_callbacks.callbacks import base
 from selection_callbacks.methods.bases import ghost
-from selection_callbacks.scoring.ghost import embedding, linear
+from selection_callbacks.scoring.ghost import embedding, linear, tied
+from selection_callbacks.scoring.ghost.capture import HookCapture
 from selection_callbacks.scoring.ghost.engine import GhostEngine
 
-PARTS = ("forward", "backward", "factors", "maps", "utilities", "sketches", "layer_rest", "grouping", "collect",
+PARTS = ("forward", "backward", "utilities", "factors", "maps", "sketches", "layer_rest", "grouping", "collect",
          "step_maps", "windows", "calibrate", "sampling", "rest")
 """The selection's parts, in the order of the report."""
-
-RUN_STEPS = 120
-"""Steps of the re-run; it validates every quarter, so the parts are averaged over the last 90 steps' selections."""
-
+COUNTED = ("forward", "backward", "utilities")
+"""The parts the cost model counts as passes (a forward, and a backward of two units: activation gradients, then
+the utilities in place of the weight gradient)."""
 
 class PartClock:
     """Exclusive seconds per part of the current selection: a part entered inside another is taken out of it.
@@ -130,13 +131,15 @@ def install(clock: PartClock, selections: list[tuple[int, dict[str, float]]]) ->
     ghost._eager_loss = timed(clock, "forward", ghost._eager_loss)
     ghost.score_windows = timed(clock, "windows", ghost.score_windows)
     ghost.GhostSelection._proxy_rows = timed(clock, "windows", ghost.GhostSelection._proxy_rows)
-    torch.autograd.grad = timed(clock, "backward", torch.autograd.grad)
+    HookCapture.run = timed(clock, "backward", HookCapture.run)  # less the forward and layer scoring, timed inside
     for name, part in (("_arrived", "layer_rest"), ("_groups", "grouping"), ("_collect", "collect")):
         setattr(GhostEngine, name, timed(clock, part, getattr(GhostEngine, name)))
-    for module, name, part in ((linear, "factors", "factors"), (linear, "linear_maps", "maps"),
-                               (linear, "linear_utilities", "utilities"), (linear, "sketch_linear", "sketches"),
-                               (linear, "formed_sketch", "sketches"), (embedding, "embedding_sketch", "sketches")):
-        setattr(module, name, timed(clock, part, getattr(module, name)))
+    named = {"factors": "factors", "linear_maps": "maps", "linear_utilities": "utilities", "sketch_linear": "sketches",
+             "formed_sketch": "sketches", "embedding_sketch": "sketches"}
+    for module in (linear, embedding, tied):  # tied imports its helpers by name: wrapped there too
+        for name, part in named.items():
+            if hasattr(module, name):
+                setattr(module, name, timed(clock, part, getattr(module, name)))
     for cls in _subclasses(ghost.GhostSelection):
         for name, part in (("step_maps", "step_maps"), ("calibrate", "calibrate")):
             if name in vars(cls):
@@ -160,26 +163,27 @@ def per_step(selections: list[tuple[int, dict[str, float]]], first: int, last: i
     return {name: sum(p.get(name, 0.0) for p in kept) / len(kept) for name in PARTS}
 
 
-def child(config: Path, out: Path, steps: int) -> None:
-    """Run ``config``'s ``train.py`` fit for ``steps`` steps with the parts timed; write ``out`` (parts, step times)."""
+def child(config: Path, out: Path, steps: int, every: int) -> None:
+    """Run ``config``'s ``train.py`` fit for ``steps`` steps, validating every ``every``, with the parts timed; write
+    ``out`` (the parts between the first and last validation, the step and selection seconds)."""
     clock, selections = PartClock(), []
     install(clock, selections)
     import train
 
     with tempfile.TemporaryDirectory() as tmp:
         train.main(["fit", "--config", str(config), "--trainer.max_steps", str(steps),
-                    "--trainer.val_check_interval", str(steps // 4), "--trainer.default_root_dir", tmp])
-        timing = measure(Path(tmp), steps // 4)
-    first = steps // 4  # the slope's validation points: after steps/4 and after steps
-    parts = per_step(selections, first, steps)
+                    "--trainer.val_check_interval", str(every), "--trainer.default_root_dir", tmp])
+        timing = measure(Path(tmp), every)
+    parts = per_step(selections, every, steps)
     parts["rest"] = timing["selection_step_seconds"] - sum(v for k, v in parts.items() if k != "rest")
     out.write_text(json.dumps({"parts": parts, "step_seconds": timing["step_seconds"],
                                "selection_step_seconds": timing["selection_step_seconds"]}))
 
 
-def method_parts(folder: Path, method: str, threads: int, steps: int) -> dict[str, Any]:
-    """The parts of ``method``'s run in the steptime ``folder`` (its first run's config), in seconds per step and as
-    shares of its re-run's in-run step ratio, with the folder's calibrated passes (``pass_timing.json``).
+def method_parts(folder: Path, method: str) -> dict[str, Any]:
+    """The parts of ``method``'s run in the steptime ``folder`` (its first run's config, re-run for the folder's steps,
+    validations and threads), in seconds per step and as shares of the re-run's in-run step ratio, with the folder's
+    calibrated passes (``pass_timing.json``) over the same denominator.
 
     A part's share is its seconds over the re-run's step less its selection plus random's selection (the folder's
     random runs, median): the in-run ratio's denominator (:func:`bench.harness.steptime.in_run_ratio`), so
@@ -193,43 +197,43 @@ def method_parts(folder: Path, method: str, threads: int, steps: int) -> dict[st
         if not path.exists():
             raise SystemExit(f"{path} is missing: run python -m {made_by} first")
     timing, steptime = json.loads(timing_path.read_text()), json.loads(steptime_path.read_text())
+    config = steptime["config"]
     random_selection = statistics.median(r["selection_step_seconds"] for r in steptime["methods"]["random"]["runs"])
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = {**os.environ, "OMP_NUM_THREADS": str(config["threads"]), "MKL_NUM_THREADS": str(config["threads"])}
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "parts.json"
-        cmd = [sys.executable, "-m", "bench.studies.ghost_parts", "--child", str(runs[0]), "--child-out", str(out),
-               "--steps", str(steps)]
+        cmd = [sys.executable, "-m", "bench.studies.ghost_parts", "--child", str(runs[0].resolve()), "--child-out",
+               str(out), "--steps", str(config["steps"]), "--every", str(config["eval_every"])]
         done = subprocess.run(cmd, cwd=ROOT, env=env, capture_output=True, text=True)
         if done.returncode:
             raise RuntimeError(f"timing {method}'s parts failed:\n{done.stderr[-3000:]}")
         measured = json.loads(out.read_text())
-    base = measured["step_seconds"] - measured["selection_step_seconds"] + random_selection
+    denominator = measured["step_seconds"] - measured["selection_step_seconds"] + random_selection
     passes = timing["methods"][method]["seconds_per_step"]  # the calibrated seconds of the counted passes
-    shares = {name: seconds / base for name, seconds in measured["parts"].items()}
-    return {**measured, "run": str(runs[0].parent), "random_selection_seconds": random_selection, "base_seconds": base,
-            "in_run_ratio": measured["step_seconds"] / base, "shares": shares,
-            "left_out_share": sum(v for k, v in shares.items() if k not in ("forward", "backward")),
-            "calibrated_passes": passes}
+    shares = {name: seconds / denominator for name, seconds in measured["parts"].items()}
+    return {**measured, "run": str(runs[0].parent), "steps": config["steps"], "every": config["eval_every"],
+            "threads": config["threads"], "random_selection_seconds": random_selection,
+            "base_seconds": denominator, "in_run_ratio": measured["step_seconds"] / denominator, "shares": shares,
+            "counted_share": sum(shares[k] for k in COUNTED),
+            "left_out_share": sum(v for k, v in shares.items() if k not in COUNTED),
+            "calibrated_passes": passes, "calibrated_share": sum(passes.values()) / denominator}
 
 
 def main(argv: list[str] | None = None) -> dict[str, Any]:
     p = argparse.ArgumentParser(prog="python -m bench.studies.ghost_parts", description=__doc__.split("\n\n")[0])
     p.add_argument("folder", nargs="?", type=Path, help="a bench.harness.steptime --out folder (with pass_timing.json)")
     p.add_argument("--method", action="append", help="a ghost method the folder timed (repeat; default: opus)")
-    p.add_argument("--threads", type=int, default=1, help="CPU threads (the steptime run's)")
-    p.add_argument("--steps", type=int, default=RUN_STEPS, help="steps of the re-run (a multiple of 4)")
     p.add_argument("--child", type=Path, help=argparse.SUPPRESS)
     p.add_argument("--child-out", type=Path, help=argparse.SUPPRESS)
+    p.add_argument("--steps", type=int, help=argparse.SUPPRESS)
+    p.add_argument("--every", type=int, help=argparse.SUPPRESS)
     a = p.parse_args(argv)
-    if a.steps < 8 or a.steps % 4:
-        raise SystemExit(f"--steps {a.steps}: give a multiple of 4, at least 8 (the run validates every steps/4)")
     if a.child:
-        child(a.child, a.child_out, a.steps)
+        child(a.child, a.child_out, a.steps, a.every)
         return {}
     if a.folder is None:
         p.error("give a steptime folder")
-    result = {"threads": a.threads, "steps": a.steps,
-              "methods": {m: method_parts(a.folder, m, a.threads, a.steps) for m in a.method or ["opus"]}}
+    result = {"methods": {m: method_parts(a.folder, m) for m in a.method or ["opus"]}}
     (a.folder / "ghost_parts.json").write_text(json.dumps(result, indent=1))
     for name, m in result["methods"].items():
         shares = ", ".join(f"{k} {v:.3f}" for k, v in m["shares"].items())

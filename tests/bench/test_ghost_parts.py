@@ -59,8 +59,9 @@ def test_opus_parts_cover_its_selection(tiny_corpus, tmp_path) -> None:
     (tmp_path / "steptime" / "pass_timing.json").write_text(json.dumps(
         {"plain_step_seconds": 0.01, "methods": {"opus": {"seconds_per_step": passes}}}))
     (tmp_path / "steptime" / "steptime.json").write_text(json.dumps(
-        {"methods": {"random": {"runs": [{"selection_step_seconds": s} for s in (1e-4, 3e-4, 2e-4)]}}}))
-    result = ghost_parts.main([str(tmp_path / "steptime"), "--steps", "16"])["methods"]["opus"]
+        {"config": {"steps": 16, "eval_every": 4, "threads": 1},
+         "methods": {"random": {"runs": [{"selection_step_seconds": s} for s in (1e-4, 3e-4, 2e-4)]}}}))
+    result = ghost_parts.main([str(tmp_path / "steptime")])["methods"]["opus"]  # 16 steps, validating every 4
     parts = result["parts"]
     assert set(parts) == set(ghost_parts.PARTS)
     assert all(parts[p] > 0 for p in ghost_parts.PARTS), parts
@@ -69,8 +70,11 @@ def test_opus_parts_cover_its_selection(tiny_corpus, tmp_path) -> None:
     base = result["step_seconds"] - result["selection_step_seconds"] + 2e-4  # random's median selection
     assert result["base_seconds"] == pytest.approx(base)
     assert result["in_run_ratio"] == pytest.approx(result["step_seconds"] / base)
-    assert result["left_out_share"] == pytest.approx((covered - parts["forward"] - parts["backward"]) / base)
+    counted = parts["forward"] + parts["backward"] + parts["utilities"]
+    assert result["counted_share"] == pytest.approx(counted / base)
+    assert result["left_out_share"] == pytest.approx((covered - counted) / base)
+    assert result["calibrated_share"] == pytest.approx(0.003 / base)
     assert result["calibrated_passes"] == passes
     assert json.loads((tmp_path / "steptime" / "ghost_parts.json").read_text())["methods"]["opus"] == result
     with pytest.raises(SystemExit, match="no runs/<config>/greats"):
-        ghost_parts.main([str(tmp_path / "steptime"), "--method", "greats", "--steps", "16"])
+        ghost_parts.main([str(tmp_path / "steptime"), "--method", "greats"])

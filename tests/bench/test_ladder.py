@@ -116,19 +116,18 @@ def test_report_across_rungs(tmp_path) -> None:
     (tmp_path / "steptime.json").write_text(json.dumps(steptime))
     timing["methods"]["opus"] = {"ratio": 1.26}
     (tmp_path / "pass_timing.json").write_text(json.dumps(timing))
-    shares = {"forward": 0.10, "backward": 0.20, "utilities": 0.08, "grouping": 0.01, "collect": 0.01,
+    shares = {"forward": 0.10, "backward": 0.15, "utilities": 0.05, "maps": 0.08, "grouping": 0.01, "collect": 0.01,
               "step_maps": 0.02, "windows": 0.01, "calibrate": 0.01, "sampling": 0.03, "rest": 0.03}
-    parts = {"methods": {"opus": {"shares": shares, "left_out_share": 0.20,
-                                  "in_run_ratio": 1.49, "random_selection_seconds": 0.001, "base_seconds": 0.1}}}
+    parts = {"methods": {"opus": {"shares": shares, "counted_share": 0.30, "left_out_share": 0.20,
+                                  "calibrated_share": 0.27, "random_selection_seconds": 0.001, "base_seconds": 0.1}}}
     (tmp_path / "ghost_parts.json").write_text(json.dumps(parts))
     report = ladder.main(["--methods", "random,opus", "--out", str(tmp_path / "out"),
                           "--rung", f"mini={paths['mini']}:{tmp_path / 'steptime.json'}"])
     text = (tmp_path / "out" / "report.md").read_text()
-    assert "| mini | opus | +0.240 | +0.040 | +0.200 | -0.010 | +0.010 | 0.080 | 0.010 | 0.010 | 0.020 |" in text
+    # 1.50 − 1.26 = 0.24 = (0.30 − 0.27) + 0.20 − 0.01 + the other processes' 0.02
+    assert "| mini | opus | +0.240 | +0.030 | +0.200 | 0.010 | +0.020 | 0.080 | 0.010 | 0.010 | 0.020 |" in text
     row = report["gap_parts"][0]
-    terms = (row["passes_in_run"] - row["passes_calibrated"], row["left_out_total"], -row["random_selection"],
-             row["measured"] - row["rerun"])
-    assert sum(terms) == pytest.approx(row["gap"])
+    assert row["passes"] + row["left_out_total"] - row["random_selection"] + row["other_processes"] == pytest.approx(0.24)
     with pytest.raises(SystemExit, match="timed scale mini, not small"):  # a timing of another rung is refused
         ladder.load_rung(f"small={paths['small']}:{tmp_path / 'steptime.json'}")
 

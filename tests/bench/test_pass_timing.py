@@ -68,12 +68,13 @@ def test_time_runs_times_real_passes(tmp_path) -> None:
         (folder / "config.yaml").write_text(yaml.safe_dump(config))
         (folder / "metrics.json").write_text(json.dumps(_metrics(cost)))
         runs[name] = [folder]
-    timer = pass_timing.Timer(pass_timing.run_models(config), rounds=3, budget=0.02)
+    timer = pass_timing.Timer(pass_timing.run_models(config), budget=0.02)
     seconds = timer.seconds([("proxy", 8, 32, "fwd"), ("proxy", 8, 32, "train")])
     assert seconds[("proxy", 8, 32, "train")] > seconds[("proxy", 8, 32, "fwd")] > 0
     out = pass_timing.time_runs(runs, rounds=2, budget=0.02, run_steps=0)  # train.py's re-run: tests/bench/test_bench.py
     assert out["methods"]["random"]["ratios"] == [1.0, 1.0] and out["methods"]["rho"]["ratio"] > 1.0
     assert len(out["methods"]["rho"]["ratios"]) == 2 and out["rounds"] == 2  # one ratio per round's process
+    assert len(out["other_cpus"]) == 2 and all(x is None or x >= 0 for x in out["other_cpus"])
     assert out["plain_step"] == "learner" and out["framework_share"] == 0.0
     with pytest.raises(ValueError, match="multiple of 4"):
         pass_timing.run_step(tmp_path, 10)
