@@ -31,6 +31,7 @@ import torch
 
 from selection_callbacks.nn.flops import matmul_flops_per_token
 from selection_callbacks.nn.gpt import GPT, GPTConfig
+from selection_callbacks.scoring.proxy_models import gpt_proxy_config
 
 PASS_UNITS = {"fwd": 1, "bwd": 2}
 
@@ -72,13 +73,14 @@ class Shape:
 
 def proxy_config(learner: GPTConfig, settings: dict[str, Any]) -> GPTConfig | None:
     """The proxies a proxy method builds beside a GPT ``learner``: ``proxy_layers`` × ``proxy_width`` with
-    ``proxy_heads`` heads and the learner's vocabulary and context, as
-    :meth:`selection_callbacks.methods.bases.proxy.ProxySelection.proxy_config` builds them; None for a method
+    ``proxy_heads`` heads and the learner's vocabulary and context
+    (:func:`selection_callbacks.scoring.proxy_models.gpt_proxy_config`, the rule
+    :meth:`selection_callbacks.methods.bases.proxy.ProxySelection.proxy_config` applies to a GPT); None for a method
     whose ``settings`` (its selection arguments) name no proxies."""
     if "proxy_layers" not in settings:
         return None
-    return GPTConfig(vocab_size=learner.vocab_size, block_size=learner.block_size, n_layer=settings["proxy_layers"],
-                     n_head=settings["proxy_heads"], n_embd=settings["proxy_width"])
+    return gpt_proxy_config(learner.vocab_size, learner.block_size, settings["proxy_layers"], settings["proxy_width"],
+                            settings["proxy_heads"])
 
 
 def attention_flops_per_token(config: GPTConfig, context: int) -> int:

@@ -25,8 +25,8 @@ from selection_callbacks.core.rng import derived_seed
 from selection_callbacks.scoring.losses import per_sample_loss, sequence_means, token_losses
 
 __all__ = [
-    "CausalLMProxy", "Proxy", "ProxyLM", "causal_lm_proxy_config", "check_reference_fits", "is_causal_lm_config",
-    "padded_vocab", "pretrain_on_target", "seeded_proxy",
+    "CausalLMProxy", "Proxy", "ProxyLM", "causal_lm_proxy_config", "check_reference_fits", "gpt_proxy_config",
+    "is_causal_lm_config", "padded_vocab", "pretrain_on_target", "seeded_proxy",
 ]
 
 
@@ -75,6 +75,17 @@ def is_causal_lm_config(config: object) -> bool:
     """Whether ``config`` is a transformers ``PretrainedConfig`` (checked only when transformers is loaded)."""
     transformers = sys.modules.get("transformers")
     return transformers is not None and isinstance(config, transformers.PretrainedConfig)
+
+
+def gpt_proxy_config(vocab_size: int, block_size: int, layers: int, width: int, heads: int) -> GPTConfig:
+    """The plugin's GPT at ``layers`` × ``width`` with ``heads`` heads over ``vocab_size`` tokens and a ``block_size``
+    context: the proxies beside a learner that is not a transformers model.
+
+    Example::
+
+        gpt_proxy_config(320, 128, 2, 128, 4).n_embd  # 128
+    """
+    return GPTConfig(vocab_size=vocab_size, block_size=block_size, n_layer=layers, n_head=heads, n_embd=width)
 
 
 def causal_lm_proxy_config(learner: Any, layers: int, width: int, heads: int) -> Any:

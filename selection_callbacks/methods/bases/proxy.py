@@ -30,6 +30,7 @@ from selection_callbacks.scoring.proxy_models import (
     Proxy,
     causal_lm_proxy_config,
     check_reference_fits,
+    gpt_proxy_config,
     is_causal_lm_config,
     padded_vocab,
     pretrain_on_target,
@@ -149,8 +150,7 @@ class ProxySelection(SelectionCallback):
             if problems:
                 raise ValueError(problems[0])
             vocab, block = padded_vocab(dm.vocab_size), dm.seq_len
-        return GPTConfig(vocab_size=vocab, block_size=block, n_layer=self.proxy_layers, n_head=self.proxy_heads,
-                         n_embd=self.proxy_width)
+        return gpt_proxy_config(vocab, block, self.proxy_layers, self.proxy_width, self.proxy_heads)
 
     # ---- building blocks for subclasses ----
     def add_proxy(self, trainer: L.Trainer, pl_module: L.LightningModule, name: str, module: nn.Module,

@@ -14,6 +14,7 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: nothing is downloaded
 
+from bench.harness import cost_model  # noqa: E402
 from models import LitCausalLM  # noqa: E402
 from models.hf_causal_lm import causal_lm_config  # noqa: E402
 from models.lit_gpt import LitGPT  # noqa: E402
@@ -103,6 +104,8 @@ def test_gpt_learner_keeps_the_plugins_gpt_proxy(tiny_corpus) -> None:
     trainer = _fit(tiny_corpus, selector, LitGPT(learner_config, warmup_steps=1), steps=1)
     config = selector.proxy_config(trainer, trainer.lightning_module)
     assert config == GPTConfig(vocab_size=320, block_size=SEQ_LEN, n_layer=2, n_head=4, n_embd=128)
+    settings = {"proxy_layers": 2, "proxy_width": 128, "proxy_heads": 4}  # RHO-LOSS's defaults
+    assert cost_model.proxy_config(learner_config, settings) == config  # the benchmark's cost model counts these proxies
     built, seeded = selector.build_proxy(trainer, trainer.lightning_module, "reference"), seeded_proxy(config, 0, "reference")
     assert isinstance(built, ProxyLM) and isinstance(selector.proxies["reference"].module, ProxyLM)
     for key, value in seeded.state_dict().items():
