@@ -35,7 +35,7 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from bench.harness.cost_model import modelled_cost
-from bench.harness.methods import ROOT, Method, fit_command, resolve
+from bench.harness.methods import ROOT, Method, fit_command, resolve, thread_env
 from bench.harness.report import write_report
 
 
@@ -244,9 +244,7 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
         print(f"[bench] {method.name} seed {seed}: training {plan.steps} steps", flush=True)
         run_dir.mkdir(parents=True, exist_ok=True)
         recorded.write_text(identity)
-        env = dict(os.environ)
-        if plan.args.threads:
-            env.update(OMP_NUM_THREADS=str(plan.args.threads), MKL_NUM_THREADS=str(plan.args.threads))
+        env = thread_env(plan.args.threads) if plan.args.threads else dict(os.environ)
         with open(run_dir / "train.log", "w") as log:
             proc = subprocess.run(
                 plan.train_command(method, seed, subset, prepared), cwd=ROOT, stdout=log, stderr=subprocess.STDOUT, env=env

@@ -46,7 +46,7 @@ from typing import Any, TextIO
 
 from jsonargparse import ArgumentParser
 
-from bench.harness.methods import fit_command
+from bench.harness.methods import fit_command, thread_env
 from bench.harness.report import crossing
 
 
@@ -98,7 +98,7 @@ def train_command(name: str, args: Any) -> list[str]:
 
 def launch(args: Any) -> list[Run]:
     """Starts every run of ``RUNS`` at once, one thread each, its output to ``OUT/<name>/train.log``."""
-    env = dict(os.environ, OMP_NUM_THREADS="1", MKL_NUM_THREADS="1")
+    env = thread_env(1)
     runs = []
     for name in RUNS:
         folder = Path(args.out) / name

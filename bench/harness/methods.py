@@ -9,6 +9,7 @@ candidate kept) and its selection seconds are added to its wall-clock.
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
@@ -19,6 +20,11 @@ from bench.harness.offline import bench_select, selector_settings
 from bench.harness.reference_table import rho_reference_table
 
 ROOT = Path(__file__).resolve().parents[2]
+
+
+def thread_env(threads: int) -> dict[str, str]:
+    """This process's environment with ``threads`` CPU threads for a child's BLAS and OpenMP pools."""
+    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
 
 
 def fit_command(configs: Sequence[str | Path], seed: int, pool: str | Path, target: str | Path, val: str | Path,

@@ -37,7 +37,6 @@ round the CPUs other processes held while it ran (``other_cpus``).
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -52,8 +51,8 @@ import yaml
 from jsonargparse import SUPPRESS, ArgumentParser
 
 from bench.harness.cost_model import proxy_config
-from bench.harness.methods import ROOT
-from bench.harness.steptime import measure
+from bench.harness.methods import ROOT, thread_env
+from bench.harness.steptime import rerun
 from selection_callbacks.core.machine_load import LoadSnapshot, other_cpu_seconds
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 
@@ -160,12 +159,7 @@ def run_step(run_dir: Path, steps: int) -> float:
     """
     if steps < 8 or steps % 4:
         raise ValueError(f"--run-steps {steps}: give a multiple of 4, at least 8 (the run validates every steps/4)")
-    import train
-
-    with tempfile.TemporaryDirectory() as tmp:
-        train.main(["fit", "--config", str(run_dir / "config.yaml"), "--trainer.max_steps", str(steps),
-                    "--trainer.val_check_interval", str(steps // 4), "--trainer.default_root_dir", tmp])
-        return measure(Path(tmp), steps // 4)["step_seconds"]
+    return rerun(run_dir / "config.yaml", steps, steps // 4)["step_seconds"]
 
 
 def calibrated(passes: dict[str, dict[str, Any]], seconds: dict[Call, float], step: float) -> dict[str, Any]:
@@ -232,7 +226,7 @@ def time_runs(runs: dict[str, list[Path]], threads: int = 1, rounds: int = 5, bu
         >>> # time_runs({"random": [Path("runs/abc/random/seed0")], "rho": [Path("runs/abc/rho/seed0")]})
     """
     _, passes, _ = _plan(runs)  # refuses mixed settings before any round runs
-    env = {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
+    env = thread_env(threads)
     timed = []
     with tempfile.TemporaryDirectory() as tmp:
         spec = Path(tmp) / "runs.json"

@@ -11,13 +11,12 @@ against an earlier fingerprint and exits 1 on any difference.
 from __future__ import annotations
 
 import json
-import os
 import subprocess
 from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from bench.harness.methods import ROOT, fit_command
+from bench.harness.methods import ROOT, fit_command, thread_env
 
 
 # name → (method config, optimizer, extra selection arguments)
@@ -53,7 +52,7 @@ def main(argv: list[str] | None = None) -> dict[str, float]:
     p.add_argument("--out", default=None, help="JSON file the fingerprint is written to")
     p.add_argument("--check", default=None, help="an earlier fingerprint: exit 1 where a value differs")
     args = p.parse_args(argv)
-    env = {**os.environ, "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
+    env = thread_env(1)
     values: dict[str, float] = {}
     for name in args.methods.split(","):
         run_dir = Path(args.runs) / name

@@ -27,10 +27,10 @@ ratios of the same code move with the host.
 from __future__ import annotations
 
 import json
-import os
 import statistics
 import subprocess
 import sys
+import tempfile
 from pathlib import Path
 from typing import Any
 
@@ -38,7 +38,7 @@ from jsonargparse import ArgumentParser
 
 from bench.harness.compare import TRAIN_KEYS, Plan, build_parser as compare_parser, prepare_online, resolve_variants
 from bench.harness.cost_model import modelled_cost
-from bench.harness.methods import ROOT
+from bench.harness.methods import ROOT, thread_env
 from selection_callbacks.core.machine_load import ALONE_BELOW
 
 
@@ -69,6 +69,17 @@ def measure(run_dir: Path, eval_every: int) -> dict[str, float]:
         "other_cpus": machine.get("other_cpus"),
         "graphs_added": graphs[last] - graphs[first] if first in graphs and last in graphs else None,
     }
+
+
+def rerun(config: Path, steps: int, every: int) -> dict[str, Any]:
+    """:func:`measure` of ``config``'s ``train.py`` fit re-run in this process for ``steps`` steps, validating every
+    ``every``, in a scratch folder (the calibration's plain step, a study's timed re-run)."""
+    import train
+
+    with tempfile.TemporaryDirectory() as tmp:
+        train.main(["fit", "--config", str(config), "--trainer.max_steps", str(steps),
+                    "--trainer.val_check_interval", str(every), "--trainer.default_root_dir", tmp])
+        return measure(Path(tmp), every)
 
 
 def baselines(names: list[str], overrides: dict[str, list[tuple[str, str]]]) -> dict[str, str]:
@@ -171,7 +182,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     ])
     plan = Plan(args)
     plan.overrides = overrides
-    env = {**os.environ, "OMP_NUM_THREADS": str(a.threads), "MKL_NUM_THREADS": str(a.threads)}
+    env = thread_env(a.threads)
     rows: dict[str, list[dict[str, float]]] = {m.name: [] for m in methods}
     for r in range(a.repeats):
         order = methods[r % len(methods):] + methods[: r % len(methods)]

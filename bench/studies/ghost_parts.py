@@ -42,7 +42,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import os
 import statistics
 import subprocess
 import sys
@@ -54,8 +53,8 @@ from pathlib import Path
 from typing import Any
 
 import selection_callbacks.methods  # noqa: F401  (registers every method, so every ghost subclass is wrapped)
-from bench.harness.methods import ROOT
-from bench.harness.steptime import measure
+from bench.harness.methods import ROOT, thread_env
+from bench.harness.steptime import rerun
 from selection_callbacks.callbacks import base
 from selection_callbacks.methods.bases import ghost
 from selection_callbacks.scoring.ghost import embedding, linear, tied
@@ -168,12 +167,7 @@ def child(config: Path, out: Path, steps: int, every: int) -> None:
     ``out`` (the parts between the first and last validation, the step and selection seconds)."""
     clock, selections = PartClock(), []
     install(clock, selections)
-    import train
-
-    with tempfile.TemporaryDirectory() as tmp:
-        train.main(["fit", "--config", str(config), "--trainer.max_steps", str(steps),
-                    "--trainer.val_check_interval", str(every), "--trainer.default_root_dir", tmp])
-        timing = measure(Path(tmp), every)
+    timing = rerun(config, steps, every)
     parts = per_step(selections, every, steps)
     parts["rest"] = timing["selection_step_seconds"] - sum(v for k, v in parts.items() if k != "rest")
     out.write_text(json.dumps({"parts": parts, "step_seconds": timing["step_seconds"],
@@ -199,7 +193,7 @@ def method_parts(folder: Path, method: str) -> dict[str, Any]:
     timing, steptime = json.loads(timing_path.read_text()), json.loads(steptime_path.read_text())
     config = steptime["config"]
     random_selection = statistics.median(r["selection_step_seconds"] for r in steptime["methods"]["random"]["runs"])
-    env = {**os.environ, "OMP_NUM_THREADS": str(config["threads"]), "MKL_NUM_THREADS": str(config["threads"])}
+    env = thread_env(config["threads"])
     with tempfile.TemporaryDirectory() as tmp:
         out = Path(tmp) / "parts.json"
         cmd = [sys.executable, "-m", "bench.studies.ghost_parts", "--child", str(runs[0].resolve()), "--child-out",
