@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DATA := data/default
 RUN := runs/demo
 
-.PHONY: demo test data data-packages clean docs
+.PHONY: demo test data data-packages data-debian clean docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -22,6 +22,11 @@ data: $(STAMP)
 
 data-packages: $(STAMP)
 	$(BIN)/selection-callbacks packages --out data/packages
+
+# the large pool: Debian packages installed with apt (as root; a few GB), then read from dpkg's database
+data-debian: $(STAMP)
+	DEBIAN_FRONTEND=noninteractive apt-get install -y --no-install-recommends $$(grep -v '^#' configs/corpus/debian-packages.txt)
+	$(BIN)/selection-callbacks debian --out data/debian
 
 demo: data
 	$(BIN)/python -m bench.harness.demo --data $(DATA) --out $(RUN)

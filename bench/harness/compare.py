@@ -83,9 +83,22 @@ def scale_config(scale: str) -> Path:
     return path
 
 
-def tuned_config(scale_path: Path, optimizer: str) -> Path:
-    """``configs/tuned/<scale>-<optimizer>.yaml``: the tuned learning rates and decay ``bench.harness.tune`` wrote."""
-    return ROOT / "configs" / "tuned" / f"{scale_path.stem}-{optimizer}.yaml"
+def horizon_label(tokens: int) -> str:
+    """A run length as the tuned settings name it: whole millions of update tokens (``32768000`` → ``"32M"``),
+    thousands below a million."""
+    return f"{tokens // 1_000_000}M" if tokens >= 1_000_000 else f"{tokens // 1_000}k"
+
+
+def tuned_name(scale_path: Path, optimizer: str, pool_name: str | None = None, tokens: int | None = None) -> str:
+    """``<scale>-<optimizer>``, or ``<scale>-<optimizer>-<pool>-<horizon>`` for settings tuned on one pool at one
+    run length (:func:`horizon_label`)."""
+    name = f"{scale_path.stem}-{optimizer}"
+    return name if pool_name is None else f"{name}-{pool_name}-{horizon_label(tokens or 0)}"
+
+
+def tuned_config(scale_path: Path, optimizer: str, pool_name: str | None = None, tokens: int | None = None) -> Path:
+    """``configs/tuned/<tuned_name>.yaml``: the tuned learning rates and decay ``bench.harness.tune`` wrote."""
+    return ROOT / "configs" / "tuned" / f"{tuned_name(scale_path, optimizer, pool_name, tokens)}.yaml"
 
 
 def file_digest(path: str) -> str:
@@ -121,15 +134,16 @@ class Plan:
         self.tokens_per_step = self.batch_size * self.seq_len * accumulate
         self.steps = max(1, args.tokens // self.tokens_per_step)
         self.eval_every = max(1, self.steps // args.evals)
-        self.tuned = tuned_config(self.scale_path, args.optimizer)
+        self.tuned = tuned_config(self.scale_path, args.optimizer, args.pool_name, args.tokens)
         if args.no_tuned:
             self.tuned = None
         elif not self.tuned.exists():
             if not args.allow_untuned:
+                keyed = "" if args.pool_name is None else f" --pool-name {args.pool_name} --tokens {args.tokens}"
                 raise SystemExit(
                     f"no tuned baseline for scale {self.scale_path.stem!r} under {args.optimizer}: {self.tuned} is "
                     f"missing. Sweep it with python -m bench.harness.tune --scale {self.scale_path.stem} --optimizer "
-                    f"{args.optimizer} ..., or pass --allow-untuned (the report then says the baseline is untuned)"
+                    f"{args.optimizer}{keyed} ..., or pass --allow-untuned (the report then says the baseline is untuned)"
                 )
             self.tuned = None
         self.args = args
@@ -333,6 +347,10 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--scale", default="cpu-tiny", help="configs/scale/<name>.yaml or a YAML path")
     p.add_argument("--evals", type=int, default=10, help="validation points per run")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per run (part of the config)")
+    p.add_argument("--pool-name", default=None,
+                   help="the pool's name: train against random tuned on it at this run's length, "
+                        "configs/tuned/<scale>-<optimizer>-<pool name>-<horizon>.yaml (bench.harness.tune --pool-name); "
+                        "without it, configs/tuned/<scale>-<optimizer>.yaml")
     p.add_argument("--allow-untuned", action="store_true",
                    help="run without configs/tuned/<scale>-<optimizer>.yaml (the report says the baseline is untuned)")
     p.add_argument("--no-tuned", action="store_true",

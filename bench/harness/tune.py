@@ -9,10 +9,11 @@ with the point's values as train.py flags (``--model.lr 0.002``) over the scale'
 an earlier sweep's ``configs/tuned`` file), on the same seeds (same initialisation, same candidate
 stream), so points differ only in their settings. ``--grid`` axes
 are crossed; each ``--then`` axis is then swept alone from the best point so far. The best point
-has the lowest mean final val bpb over the seeds. Writes ``<out>/<scale>-<optimizer>.md`` and
-``.json`` (every point, per-seed values) and ``configs/tuned/<scale>-<optimizer>.yaml`` (the best
-point's values), which ``bench.harness.compare`` adds to every run of that scale and optimizer. Finished
-runs are reused on re-run.
+has the lowest mean final val bpb over the seeds. Writes ``<out>/<name>.md`` and ``.json`` (every point,
+per-seed values) and ``configs/tuned/<name>.yaml`` (the best point's values), which ``bench.harness.compare``
+adds to every run of that scale and optimizer. ``<name>`` is ``<scale>-<optimizer>``, or with ``--pool-name``
+``<scale>-<optimizer>-<pool>-<horizon>`` (``cpu-mini-adamw-debian-32M``): settings tuned on one pool at one run
+length, read by ``bench.harness.compare --pool-name`` at that length only. Finished runs are reused on re-run.
 """
 
 from __future__ import annotations
@@ -28,7 +29,7 @@ import numpy as np
 import yaml
 from jsonargparse import ArgumentParser
 
-from bench.harness.compare import ROOT, build_parser as compare_parser, compare, scale_config, tuned_config
+from bench.harness.compare import ROOT, build_parser as compare_parser, compare, scale_config, tuned_config, tuned_name
 
 Point = tuple[tuple[str, str], ...]
 
@@ -48,7 +49,7 @@ def point_name(point: Point) -> str:
 
 def run_point(a: Any, point: Point) -> dict[str, Any]:
     """``bench.harness.compare`` of random at this point; its per-seed final bpb."""
-    out = Path(a.out) / f"{Path(a.scale).stem}-{a.optimizer}" / point_name(point)
+    out = Path(a.out) / tuned_name(scale_config(a.scale), a.optimizer, a.pool_name, a.tokens) / point_name(point)
     argv = ["--pool", a.pool, "--target", a.target, "--val", a.val, "--methods", "random", "--tokens", str(a.tokens),
             "--seeds", a.seeds, "--scale", a.scale, "--optimizer", a.optimizer, "--evals", str(a.evals),
             "--out", str(out), "--no-tuned"]
@@ -99,6 +100,9 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--scale", default="cpu-tiny")
     p.add_argument("--optimizer", choices=["adamw", "muon"], default="adamw")
     p.add_argument("--tokens", type=int, required=True, help="the benchmark's update-token budget per run")
+    p.add_argument("--pool-name", default=None,
+                   help="key the settings by pool and horizon: <scale>-<optimizer>-<pool name>-<horizon> (e.g. "
+                        "cpu-mini-adamw-debian-32M), which bench.harness.compare --pool-name reads")
     p.add_argument("--seeds", default="2", help="a count (0..S-1) or a comma list; ≥ 2 for a sweep worth reading")
     p.add_argument("--grid", action="append", default=[], help="key=v1,v2,...: crossed with the other --grid axes")
     p.add_argument("--then", action="append", default=[], help="key=v1,v2,...: swept alone from the best point so far")
@@ -106,7 +110,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--threads", type=int, default=None, help="CPU threads per run")
     p.add_argument("--jobs", type=int, default=1, help="points run at once")
     p.add_argument("--out", default="bench/results/tune")
-    p.add_argument("--write-config", type=bool, default=True, help="write configs/tuned/<scale>-<optimizer>.yaml")
+    p.add_argument("--write-config", type=bool, default=True, help="write configs/tuned/<name>.yaml")
     a = p.parse_args(argv)
     grid = [parse_axis(t) for t in a.grid]
     done: dict[Point, dict] = {}
@@ -117,7 +121,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     rows = list(done.values())
     best = min(rows, key=lambda r: r["mean"])
     seeds = sorted(best["bpb"])
-    name = f"{scale_config(a.scale).stem}-{a.optimizer}"
+    name = tuned_name(scale_config(a.scale), a.optimizer, a.pool_name, a.tokens)
     report = Path(a.out) / f"{name}.md"
     report.parent.mkdir(parents=True, exist_ok=True)
     text = (f"# Random-baseline sweep: {name}\n\n{a.tokens:,} update tokens per run, seeds {seeds} (paired), "
@@ -125,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     report.write_text(text)
     (Path(a.out) / f"{name}.json").write_text(json.dumps({"rows": rows, "best": best, "argv": argv}, indent=1))
     if a.write_config:
-        write_tuned(tuned_config(scale_config(a.scale), a.optimizer), best, report.resolve())
+        write_tuned(tuned_config(scale_config(a.scale), a.optimizer, a.pool_name, a.tokens), best, report.resolve())
     print(text, flush=True)
     return {"rows": rows, "best": best}
 

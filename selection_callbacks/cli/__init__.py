@@ -8,6 +8,7 @@
     selection-callbacks bench-proxy --pool POOL --target TARGET --budget-tokens B --out PROXY.jsonl
     selection-callbacks corpus --out data/default
     selection-callbacks packages --out data/packages
+    selection-callbacks debian --out data/debian
     selection-callbacks tokenizer --pool POOL --target TARGET --vocab-size 4096
     selection-callbacks <subcommand> [<sub-subcommand>] --help      # every option, with its help
 
@@ -38,6 +39,7 @@ TOOLS: dict[str, str] = {
     "bench-proxy": "selection_callbacks.offline.bench_proxy",
     "corpus": "selection_callbacks.data.default_corpus",
     "packages": "selection_callbacks.data.package_corpus",
+    "debian": "selection_callbacks.data.debian_corpus",
     "tokenizer": "selection_callbacks.data.bpe_training",
 }
 """Subcommand → the module holding its ``build_parser(parent, name)`` and ``run(namespace)``."""

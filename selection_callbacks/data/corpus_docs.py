@@ -1,7 +1,7 @@
 """Documents of an offline-built corpus: chunking, capped filling and cross-split deduplication.
 
 Shared by the corpus builders (:mod:`selection_callbacks.data.default_corpus`,
-:mod:`selection_callbacks.data.package_corpus`): a source text becomes documents of at most
+:mod:`selection_callbacks.data.package_corpus`, :mod:`selection_callbacks.data.debian_corpus`): a source text becomes documents of at most
 ``MAX_DOC_BYTES`` UTF-8 bytes cut at paragraph, then line, breaks; a domain is filled to a byte cap
 in a seeded order; a text that appears in a held-out split is dropped from the pool.
 """
@@ -11,7 +11,8 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Callable, Iterable, Sequence
+from collections.abc import Callable, Iterable, Iterator, Sequence
+from itertools import chain, zip_longest
 import time
 from dataclasses import dataclass
 from pathlib import Path
@@ -110,6 +111,11 @@ def fill(docs: Iterable[Doc], cap: float) -> list[Doc]:
         taken.append(doc)
         total += doc.nbytes
     return taken
+
+
+def round_robin(streams: list[Iterator[Doc]]) -> Iterator[Doc]:
+    """One document from each stream in turn until all are spent."""
+    return (d for d in chain.from_iterable(zip_longest(*streams)) if d is not None)
 
 
 def dedupe_across(splits: dict[str, list[Doc]]) -> dict[str, list[Doc]]:

@@ -35,7 +35,6 @@ import platform
 import re
 import sysconfig
 from collections.abc import Iterator
-from itertools import chain, zip_longest
 from pathlib import Path
 
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
@@ -53,6 +52,7 @@ from selection_callbacks.data.corpus_docs import (
     fill,
     read_card,
     rng_for,
+    round_robin,
     write_corpus,
 )
 
@@ -165,11 +165,6 @@ def project_docs(dist: metadata.Distribution, domain: str, seed: int) -> Iterato
         text = read_text(Path(dist.locate_file(rel)))
         if text:
             yield from docs_from(domain, f"{name}/{rel}", text, group=f"{name}/{rel}")[:DOCS_PER_FILE]
-
-
-def round_robin(streams: list[Iterator[Doc]]) -> Iterator[Doc]:
-    """One document from each stream in turn until all are spent."""
-    return (d for d in chain.from_iterable(zip_longest(*streams)) if d is not None)
 
 
 def hold_out(projects: list[metadata.Distribution], seed: int) -> dict[str, list[Doc]]:

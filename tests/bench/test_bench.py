@@ -406,6 +406,17 @@ def test_comparison_without_a_tuned_baseline_is_refused(tiny_corpus, tmp_path) -
     assert bench_compare.Plan(bench_compare.build_parser().parse_args([*argv, "--allow-untuned"])).tuned is None
 
 
+def test_tuned_settings_are_keyed_by_pool_and_horizon(tiny_corpus, tmp_path) -> None:
+    scale = tmp_path / "tiny.yaml"
+    assert bench_compare.horizon_label(32_768_000) == "32M" and bench_compare.horizon_label(768_000) == "768k"
+    assert bench_compare.tuned_config(scale, "adamw").name == "tiny-adamw.yaml"
+    assert bench_compare.tuned_config(scale, "adamw", "debian", 8_192_000).name == "tiny-adamw-debian-8M.yaml"
+    scale.write_text(TINY_SCALE)
+    argv = [a for a in _args(tiny_corpus, tmp_path / "o", scale, "random") if a != "--allow-untuned"]
+    with pytest.raises(SystemExit, match=r"tiny-adamw-toy-0k.yaml is missing.*--pool-name toy --tokens"):
+        bench_compare.Plan(bench_compare.build_parser().parse_args([*argv, "--pool-name", "toy"]))
+
+
 def test_tune_axes_take_list_values_separated_by_semicolons() -> None:
     from bench.harness.tune import parse_axis, point_name
 
@@ -423,7 +434,7 @@ def test_tune_points_never_train_on_an_earlier_winner(tiny_corpus, tmp_path, mon
 
     scale, tuned = tmp_path / "tiny.yaml", tmp_path / "tiny-adamw.yaml"
     scale.write_text(TINY_SCALE)
-    monkeypatch.setattr(bench_compare, "tuned_config", lambda scale_path, optimizer: tuned)
+    monkeypatch.setattr(bench_compare, "tuned_config", lambda scale_path, optimizer, *key: tuned)
     before = bench_compare.Plan(bench_compare.build_parser().parse_args(  # the point's run before any winner existed
         _args(tiny_corpus, tmp_path / "t", scale, "random") + ["--", "--model.lr", "0.01"])).config_hash
     tuned.write_text("model:\n  lr: 0.5\n")
@@ -431,7 +442,8 @@ def test_tune_points_never_train_on_an_earlier_winner(tiny_corpus, tmp_path, mon
     monkeypatch.setattr(tune, "compare", lambda a: plans.append(bench_compare.Plan(a))
                         or {"methods": {"random": {"runs": [{"seed": 0, "final_val_bpb": 1.0}]}}})
     a = Namespace(out=str(tmp_path / "t"), scale=str(scale), optimizer="adamw", pool=tiny_corpus["pool"],
-                  target=tiny_corpus["target"], val=tiny_corpus["val"], tokens=768, seeds="1", evals=3, threads=None)
+                  target=tiny_corpus["target"], val=tiny_corpus["val"], tokens=768, seeds="1", evals=3, threads=None,
+                  pool_name=None)
     tune.run_point(a, (("model.lr", "0.01"),))
     cmd = plans[0].train_command(REGISTRY["random"], 0, None)
     assert plans[0].tuned is None and str(tuned) not in cmd and cmd[-2:] == ["--model.lr", "0.01"]
@@ -455,7 +467,7 @@ def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus,
     tuned = tmp_path / "tiny-adamw.yaml"
     tune.write_tuned(tuned, out["best"], tmp_path / "tune" / "tiny-adamw.md")
     assert yaml.safe_load(tuned.read_text())["model"]["lr"] == 0.01
-    monkeypatch.setattr(bench_compare, "tuned_config", lambda scale_path, optimizer: tuned)
+    monkeypatch.setattr(bench_compare, "tuned_config", lambda scale_path, optimizer, *key: tuned)
     plan = bench_compare.Plan(bench_compare.build_parser().parse_args(
         [a for a in _args(tiny_corpus, tmp_path / "o", scale, "random") if a != "--allow-untuned"]))
     cmd = plan.train_command(REGISTRY["random"], 0, None)

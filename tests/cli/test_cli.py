@@ -32,7 +32,7 @@ PATHS = [
     ("select",), *(("select", s) for s in SELECTORS),
     ("autodata",), ("autodata", "search"), ("autodata", "report"), ("autodata", "schema"),
     ("ledger",), ("ledger", "export"), ("ledger", "summary"),
-    ("reference-losses",), ("bench-proxy",), ("corpus",), ("packages",), ("tokenizer",),
+    ("reference-losses",), ("bench-proxy",), ("corpus",), ("packages",), ("debian",), ("tokenizer",),
 ]
 # (entry point, subcommand path): each path runs once, each top-level tool through both entry points
 NEW_RUNS = [
@@ -44,7 +44,8 @@ NEW_RUNS = [
     ("script", ("ledger",)), ("script", ("ledger", "export")), ("module", ("ledger", "summary")),
     ("script", ("reference-losses",)), ("module", ("reference-losses",)),
     ("script", ("bench-proxy",)), ("module", ("bench-proxy",)), ("script", ("corpus",)), ("module", ("corpus",)),
-    ("script", ("packages",)), ("module", ("packages",)), ("script", ("tokenizer",)), ("module", ("tokenizer",)),
+    ("script", ("packages",)), ("module", ("packages",)), ("script", ("debian",)), ("module", ("debian",)),
+    ("script", ("tokenizer",)), ("module", ("tokenizer",)),
 ]
 # old module path (+ its sub-subcommand) → the subcommand path holding the same parser
 OLD_RUNS = [
@@ -57,6 +58,7 @@ OLD_RUNS = [
     (("selection_callbacks.data.default_corpus",), ("corpus",)),
     (("selection_callbacks.data.default_corpus",), ("corpus",)),
     (("selection_callbacks.data.package_corpus",), ("packages",)),
+    (("selection_callbacks.data.debian_corpus",), ("debian",)),
 ]
 BENCH = ("harness.compare", "studies.datamask_scale", "harness.equal_wall", "studies.ghost", "harness.headline", "studies.sketch_error",
          "harness.steptime", "studies.utility_ranking")
