@@ -104,8 +104,11 @@ LEFT_OUT_DIRS = ("/usr/share/dict/", "/usr/share/games/", "/usr/share/hunspell/"
 """Dictionaries, fortunes, spelling and hyphenation tables, and Python's documentation tree."""
 
 PROSE_SUFFIXES = (".rst", ".md", ".markdown", ".adoc", ".asciidoc", ".pod", ".info", ".texi", ".texinfo")
-DOC_TEXT_SUFFIXES = (".txt", ".text", "")
-"""Suffixes that are prose only under ``/usr/share/doc`` (elsewhere ``.txt`` is data, no suffix is skipped)."""
+DOC_TEXT_SUFFIXES = (".txt", ".text")
+"""Suffixes that are prose only under ``/usr/share/doc`` (elsewhere ``.txt`` is data)."""
+DOC_NAME = re.compile(r"^(README|FAQ|TODO|INSTALL|USAGE|HACKING|THANKS|BUGS|NOTES|DESIGN|TUTORIAL|MANUAL|GUIDE)",
+                      re.IGNORECASE)
+"""Files without a suffix that are prose under ``/usr/share/doc`` (others there, e.g. test scripts, are skipped)."""
 CODE_SUFFIXES = (
     ".c", ".h", ".cc", ".cpp", ".cxx", ".hh", ".hpp", ".hxx", ".ipp", ".inl", ".tcc", ".rs", ".go", ".java",
     ".js", ".mjs", ".cjs", ".ts", ".py", ".pl", ".pm", ".t", ".rb", ".lua", ".el", ".scm", ".lisp", ".cl",
@@ -160,7 +163,7 @@ def domain_of(path: str) -> str | None:
     in_docs = path.startswith(("/usr/share/doc/", "/usr/share/info/")) or "/_sources/" in path
     if in_docs and CHANGELOG_NAME.match(name):
         return "changelogs"
-    if suffix in PROSE_SUFFIXES or (in_docs and suffix in DOC_TEXT_SUFFIXES):
+    if suffix in PROSE_SUFFIXES or (in_docs and (suffix in DOC_TEXT_SUFFIXES or DOC_NAME.match(name))):
         return "prose"
     if suffix == ".min.js" or path.startswith(DATA_DIRS):
         return "data"

@@ -121,6 +121,8 @@ def built(tmp_path_factory):
     ("/usr/share/doc/git/RelNotes/2.39.0.txt", "prose"),
     ("/usr/share/doc/git/changelog.gz", "changelogs"),
     ("/usr/share/info/gettext.info-2.gz", "prose"),
+    ("/usr/share/doc/tmux/README.gz", "prose"),
+    ("/usr/share/doc/r-cran-brio/run-unit-test", None),  # a script without a suffix in a doc folder
 ])
 def test_domain_of_paths(path: str, domain: str | None) -> None:
     assert domain_of(path) == domain
