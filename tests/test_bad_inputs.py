@@ -359,5 +359,7 @@ def test_labels_on_candidates_but_not_on_proxy_rows(tiny_corpus) -> None:
             targets = batch["labels"] if "labels" in batch else batch["input_ids"]
             return torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(1)
 
-    with pytest.raises(ValueError, match="candidate and proxy batches must both carry 'labels' or both not"):
+    with pytest.raises(ValueError, match="the superbatch carries 'labels' and the target rows do not: candidates are "
+                                         "scored against target rows, so both carry pre-shifted labels or neither"):
         _fit_own(OPUSSelection(0.5, score_len=16), WithLabels(), LabelLM())
+
