@@ -347,6 +347,11 @@ def test_the_oracle_with_its_domains_named_selects_them_first() -> None:
     assert selector.domain_counts == {"code": 16}
 
 
+def test_the_oracle_takes_the_base_checks_options() -> None:
+    with pytest.raises(ValueError, match=r"OracleDomainSelection: the train loader \(Loader\) cannot restore its position"):
+        fit([OracleDomainSelection(0.5, target_domains=["code"], strict_resume=True)], Domains())
+
+
 # ---- a Hugging Face learner ----
 def _llama(with_config: bool) -> L.LightningModule:
     from transformers import LlamaConfig, LlamaForCausalLM

@@ -3,6 +3,8 @@
 from __future__ import annotations
 
 from collections.abc import MutableMapping
+from typing import Literal
+
 import lightning as L
 import torch
 from typing_extensions import override
@@ -33,14 +35,26 @@ class OracleDomainSelection(SelectionCallback):
             datamodule's ``domain_names``, and some of the target split's must be.
         seed: seed of the random order within and outside the target domains.
         k: keep exactly this many instead of ratio·N: set it to fix K whatever the superbatch size.
+        strict_resume, short_superbatch, per_sample_keys, whole_batch_keys: see :class:`SelectionCallback`.
     """
 
     supported_stack = SelectionCallback.FULL_STACK
 
     def __init__(
-        self, ratio: float = 0.5, target_domains: list[str] | None = None, seed: int = 0, k: int | None = None
+        self,
+        ratio: float = 0.5,
+        target_domains: list[str] | None = None,
+        seed: int = 0,
+        k: int | None = None,
+        *,
+        strict_resume: bool = False,
+        short_superbatch: Literal["train", "drop"] = "train",
+        per_sample_keys: list[str] | None = None,
+        whole_batch_keys: list[str] | None = None,
     ) -> None:
-        super().__init__(ratio=ratio, k=k, sampling="top_k", seed=seed)
+        super().__init__(ratio=ratio, k=k, sampling="top_k", seed=seed, strict_resume=strict_resume,
+                         short_superbatch=short_superbatch, per_sample_keys=per_sample_keys,
+                         whole_batch_keys=whole_batch_keys)
         self.target_domains = target_domains
 
     @override
