@@ -359,5 +359,52 @@ def test_labels_on_candidates_but_not_on_proxy_rows(tiny_corpus) -> None:
             targets = batch["labels"] if "labels" in batch else batch["input_ids"]
             return torch.nn.functional.cross_entropy(logits.transpose(1, 2), targets, reduction="none").mean(1)
 
-    with pytest.raises(ValueError, match="candidate and proxy batches must both carry 'labels' or both not"):
+    with pytest.raises(ValueError, match="the superbatch carries 'labels' and the target rows do not: candidates are "
+                                         "scored against target rows, so both carry pre-shifted labels or neither"):
         _fit_own(OPUSSelection(0.5, score_len=16), WithLabels(), LabelLM())
+
+
+class _Rows(_OwnData):
+    """Superbatches of 8 rows (with ``extra`` entries) and target rows from ``target``; ``domain_names`` for the oracle."""
+
+    domain_names = ["web", "code"]
+
+    def __init__(self, target=None, **extra) -> None:
+        super().__init__()
+        self.target, self.extra = target, extra
+
+    def train_dataloader(self):
+        return _one({"input_ids": torch.randint(0, 64, (8, 32)), "sample_id": torch.arange(8),
+                     "domain": torch.arange(8) % 2, **self.extra})
+
+    def target_batch(self, n, rng):
+        return self.target(n, rng) if self.target else {"input_ids": torch.from_numpy(rng.integers(0, 64, (n, 32)))}
+
+
+_NAN_MASK = torch.ones(8, 32)
+_NAN_MASK[3, 30] = float("nan")
+FIT_CHECKS = {  # checks before the first step and per superbatch (full tests: tests/callbacks/test_fit_checks.py)
+    "empty target split": (lambda: RhoLossSelection(0.5, **SMALL_PROXY),
+                           {"target": lambda n, rng: {"input_ids": torch.zeros(0, 32, dtype=torch.long)}},
+                           r"target_batch\(n, rng\) returned no rows .*the target split is empty"),
+    "1-D target rows": (lambda: RhoLossSelection(0.5, **SMALL_PROXY),
+                        {"target": lambda n, rng: {"input_ids": torch.zeros(32, dtype=torch.long)}},
+                        r"returned 'input_ids' of shape \(32,\): each token entry is a 2-D tensor"),
+    "undeclared per-sample array": (lambda: HighLossSelection(0.5), {"weight": torch.ones(8).numpy()},
+                                    r"'weight' has N=8 rows but is not declared .*per_sample_keys"),
+    "undeclared tensor of length N": (lambda: HighLossSelection(0.5), {"class_weights": torch.ones(8)},
+                                      r"'class_weights' has N=8 rows but is not declared .*whole_batch_keys"),
+    "NaN outside the scored rows": (lambda: HighLossSelection(0.5), {"loss_mask": _NAN_MASK},
+                                    r"1 candidate\(s\) hold NaN/inf in \['loss_mask'\], e.g. samples \[3\]"),
+    "oracle without target domains": (lambda: OracleDomainSelection(0.5), {},
+                                      r"has no such split: pass target_domains=\[...\]"),
+    "loader that cannot resume": (lambda: HighLossSelection(0.5, strict_resume=True), {},
+                                  r"the train loader \(DataLoader\) cannot restore its position"),
+}
+
+
+@pytest.mark.parametrize("case", FIT_CHECKS)
+def test_fit_checks_name_cause_and_fix(case) -> None:
+    method, data, message = FIT_CHECKS[case]
+    with pytest.raises((ValueError, FloatingPointError), match=message):
+        _fit_own(method(), _Rows(**data))

@@ -4,7 +4,7 @@ from __future__ import annotations
 
 import time
 from abc import ABC, abstractmethod
-from collections.abc import MutableMapping
+from collections.abc import Mapping, MutableMapping
 from typing import Any, ClassVar, Literal
 
 import lightning as L
@@ -12,13 +12,35 @@ import torch
 from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
+from selection_callbacks.callbacks.fit_checks import (
+    SuperbatchSizes,
+    declared_keys,
+    declared_superbatch_size,
+    drawn_target_rows,
+    fit_problems,
+    drop_last_superbatch,
+    first_superbatch_problems,
+    resume_message,
+    select_fit,
+    undeclared_shape,
+    unfit_candidates,
+    unrestorable_loaders,
+    without_unfit,
+)
+from selection_callbacks.callbacks.protocols import target_batch_readers
 from selection_callbacks.callbacks.stack import Stack, stack_problems
-from selection_callbacks.core.contract import SuperbatchError, per_sample_keys, subset_in_place, superbatch_size
+from selection_callbacks.core.contract import (
+    CONTRACT_KEYS,
+    SuperbatchError,
+    per_sample_keys,
+    subset_in_place,
+    superbatch_size,
+)
 from selection_callbacks.core.pass_counts import CostMeter
 from selection_callbacks.core.domains import domain_names
 from selection_callbacks.core.rng import micro_batch_generator
-from selection_callbacks.data.datamodule import candidates_per_rank
 from selection_callbacks.nn.flops import matmul_flops_per_token
+from selection_callbacks.nn.heads import vocabulary_size
 from selection_callbacks.core.sampling import effective_sample_size, make_rule
 from selection_callbacks.core.selection import (
     Choice,
@@ -27,10 +49,9 @@ from selection_callbacks.core.selection import (
     checked_interactions,
     finite_scores,
     keep_count,
-    select,
 )
 
-__all__ = ["Scores", "SelectionCallback", "SelectionRecord", "fit_problems", "logs_this_step"]
+__all__ = ["Scores", "SelectionCallback", "SelectionRecord", "logs_this_step"]
 
 
 def logs_this_step(trainer: L.Trainer) -> bool:
@@ -82,6 +103,24 @@ class SelectionCallback(L.Callback, ABC):
             rows' non-finite losses should not stop the run.
         diagnostics_every: selections between a method's costly diagnostics (the first selection
             included): lower it to see them more often, raise it to spend less time on them.
+        per_sample_keys: batch entries that hold one row per candidate besides the contract's (``input_ids``,
+            ``labels``, ``loss_mask``, ``sample_id``, ``domain``) and the datamodule's ``per_sample_keys``: each
+            must have N rows and is cut to the K kept ones. An entry with N rows that no declaration names is an
+            error, never a guess.
+        whole_batch_keys: entries that belong to the whole superbatch (besides the datamodule's
+            ``whole_batch_keys``): they pass through uncut whatever their length.
+        strict_resume: raise before the first step, instead of warning, when the train loader cannot restore
+            its position (no ``state_dict``/``load_state_dict``), since a resumed run would re-serve candidates.
+        short_superbatch: a superbatch with another N than the loader's others (an epoch's last, partial batch):
+            ``"train"`` keeps K = round(ρ·N) of it, with one warning that K changes; ``"drop"`` drops an epoch's
+            last, short superbatch, so every step trains the same K rows.
+
+    Before the first step it checks the fit beside each method's :meth:`requirements`, in one error
+    (:mod:`~selection_callbacks.callbacks.fit_checks`: the datamodule's K and ρ, the declared keys, one
+    draw of ``target_batch`` for methods that read target rows; at the first micro-batch the loader's
+    resumability and the superbatch against the target rows). Candidates with a NaN or inf anywhere in
+    their per-sample rows are an error under ``nonfinite="error"``; under ``"lowest"`` they score
+    lowest and no rule chooses them (training on one would make the step's loss non-finite).
 
     ``supported_stack`` declares the training stacks a method serves (:mod:`~selection_callbacks.callbacks.stack`):
     the eager learner by default; methods that read the learner through ``per_sample_loss`` alone (or not at
@@ -100,6 +139,11 @@ class SelectionCallback(L.Callback, ABC):
         seed: int = 0,
         nonfinite: Literal["error", "lowest"] = "error",
         diagnostics_every: int = 100,
+        *,
+        per_sample_keys: list[str] | None = None,
+        whole_batch_keys: list[str] | None = None,
+        strict_resume: bool = False,
+        short_superbatch: Literal["train", "drop"] = "train",
     ) -> None:
         if not 0.0 < ratio <= 1.0:
             raise ValueError(f"selection ratio must lie in (0, 1], got {ratio}")
@@ -109,6 +153,15 @@ class SelectionCallback(L.Callback, ABC):
             raise ValueError(f"nonfinite must be 'error' or 'lowest', got {nonfinite!r}")
         if diagnostics_every < 1:
             raise ValueError(f"diagnostics_every must be ≥ 1, got {diagnostics_every}")
+        if short_superbatch not in ("train", "drop"):
+            raise ValueError(f"short_superbatch must be 'train' or 'drop', got {short_superbatch!r}")
+        self.per_sample_keys, self.whole_batch_keys = list(per_sample_keys or []), list(whole_batch_keys or [])
+        self.strict_resume, self.short_superbatch = strict_resume, short_superbatch
+        self._per_sample: tuple[str, ...] = CONTRACT_KEYS  # the declared keys of this fit (set when it starts)
+        self._whole_batch: tuple[str, ...] = ()
+        self._target_rows: Mapping[str, Any] | None = None  # the target rows drawn when the fit starts
+        self._sizes = SuperbatchSizes()
+        self._first_batch_checked = False
         self.diagnostics_every = diagnostics_every
         self.ratio, self.k, self.seed, self.nonfinite = ratio, k, seed, nonfinite
         self.sampling, self.temperature = sampling, temperature
@@ -176,29 +229,70 @@ class SelectionCallback(L.Callback, ABC):
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
         self.learner_flops = matmul_flops_per_token(pl_module)
-        problems = fit_problems(self, trainer.callbacks, getattr(trainer, "datamodule", None))
-        problems += self.requirements(trainer, pl_module)
-        problems += stack_problems(trainer, pl_module, self.supported_stack, type(self).__name__)
+        datamodule = getattr(trainer, "datamodule", None)
+        self._per_sample, self._whole_batch, problems = declared_keys(
+            self.per_sample_keys, self.whole_batch_keys, datamodule)
+        problems += fit_problems(self, [type(c).__name__ for c in trainer.callbacks if isinstance(c, SelectionCallback)],
+                                 datamodule)
+        with target_batch_readers() as readers:
+            problems += self.requirements(trainer, pl_module)
+        self._target_rows, found = drawn_target_rows(readers, datamodule, vocabulary_size(pl_module), self.seed)
+        problems += found + stack_problems(trainer, pl_module, self.supported_stack, type(self).__name__)
         if problems:
             raise ValueError(f"{type(self).__name__} cannot start:\n- " + "\n- ".join(problems))
+        shape = undeclared_shape(datamodule)
+        if shape is not None:
+            rank_zero_warn(f"{type(self).__name__}: {shape}")
+        self._sizes, self._first_batch_checked = SuperbatchSizes(declared_superbatch_size(datamodule)), False
+
+    def _check_first_superbatch(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping) -> None:
+        """Before the first selection: the train loader can restore its position (a warning, or an error under
+        ``strict_resume``), and :func:`first_superbatch_problems`."""
+        self._first_batch_checked = True
+        who = type(self).__name__
+        loaders = unrestorable_loaders(trainer.train_dataloader)
+        if loaders and self.strict_resume:
+            raise ValueError(resume_message(loaders, who, strict=True))
+        if loaders:
+            rank_zero_warn(resume_message(loaders, who, strict=False))
+        problems = first_superbatch_problems(batch, vocabulary_size(pl_module), self._target_rows)
+        if problems:
+            raise SuperbatchError(f"{who} cannot select from the first superbatch:\n- " + "\n- ".join(problems))
+
+    def _check_size(self, trainer: L.Trainer, n: int) -> None:
+        """A superbatch that trains another K than the others: dropped when it is an epoch's last and short under
+        ``short_superbatch="drop"``, else trained with one warning."""
+        expected = self._sizes.differs(n, self.k)
+        if expected is None:
+            return
+        if n < expected and self.short_superbatch == "drop":
+            drop_last_superbatch(trainer, n, expected, type(self).__name__)
+        warning = self._sizes.warning(type(self).__name__, n, self.keep(n), self.keep(expected))
+        if warning is not None:
+            rank_zero_warn(warning)
 
     @override
     def on_train_batch_start(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: Any, batch_idx: int) -> None:
         start = time.perf_counter()
         diagnose = self.diagnostic_call()
-        n = superbatch_size(batch)
+        n = superbatch_size(batch, self._per_sample)
+        keys = per_sample_keys(batch, n, self._per_sample, self._whole_batch)
+        if not self._first_batch_checked:
+            self._check_first_superbatch(trainer, pl_module, batch)
+        self._check_size(trainer, n)
         k, world, rank = self.keep(n), trainer.world_size, trainer.global_rank
-        raw, rows = self._scored_rows(trainer, pl_module, batch, batch_idx, n)
-        raw, bad = self._set_aside_nonfinite(raw, rows)
+        raw, rows = self._scored_rows(trainer, pl_module, batch, batch_idx, keys)
+        unfit = unfit_candidates(rows, self.nonfinite, type(self).__name__)  # the same gathered rows on every rank
+        raw, bad = self._set_aside_nonfinite(without_unfit(raw, unfit), rows)
         scores = _restore_nonfinite(self.calibrate(raw, world * k), bad)
         values, nonfinite = self._checked_scores(scores.values, world * n, rows)
         interactions = checked_interactions(scores.interactions, world * n, type(self).__name__)
         generator = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx)
-        choice = select(self.rule, values, world * k, generator, interactions, diagnose)
+        choice = select_fit(self.rule, values, world * k, generator, interactions, diagnose, unfit, type(self).__name__)
         domain_share = self._domain_share(trainer, rows, choice.index)
         own = choice.index[rank * k : (rank + 1) * k]
         if world == 1:
-            subset_in_place(batch, own)
+            subset_in_place(batch, own, keys)
         else:  # this rank's K-slice of the gathered rows, replaced inside the dict
             batch.update({key: value[own.to(value.device)] for key, value in rows.items()})
         self.last_selected, self.last_scores = own, values  # positions in the global superbatch (= local when W = 1)
@@ -215,15 +309,15 @@ class SelectionCallback(L.Callback, ABC):
                 logger.log_metrics(self.last_diagnostics, step=trainer.global_step)
 
     def _scored_rows(
-        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int, n: int
+        self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int, keys: list[str]
     ) -> tuple[Scores, dict[str, Any]]:
-        """The raw scores and the per-sample rows, gathered over the W ranks under DDP ([W·N] each)."""
-        world = trainer.world_size
+        """The raw scores and the per-sample rows ``keys``, gathered over the W ranks under DDP ([W·N] each)."""
+        world, n = trainer.world_size, batch["input_ids"].shape[0]
         with torch.no_grad(), trainer.precision_plugin.train_step_context():
             raw = self.score(trainer, pl_module, batch, batch_idx)
         raw = raw if isinstance(raw, Scores) else Scores(raw)
         self._check_shapes(raw, n, world)
-        rows = {key: batch[key] for key in per_sample_keys(batch, n)}
+        rows = {key: batch[key] for key in keys}
         if world > 1:  # every rank gathers the W·N candidates and runs the same global selection
             raw = Scores(_gather(trainer, raw.values), None, _gather(trainer, raw.features))
             rows = {key: _gather(trainer, value) for key, value in rows.items()}
@@ -348,36 +442,6 @@ class SelectionCallback(L.Callback, ABC):
         self.domain_counts = dict(state_dict["domain_counts"])
         self.domain_candidates = dict(state_dict.get("domain_candidates", {}))  # a checkpoint without it: none counted
         self.meter.load_state_dict(state_dict.get("cost", {}))
-
-
-def fit_problems(selector: SelectionCallback, callbacks: list[L.Callback], datamodule: object) -> list[str]:
-    """What is wrong with a fit before its first step, each with its fix ([] when nothing is).
-
-    - More than one selection callback on the Trainer: each would subset the rows the previous
-      one kept (N → K → K² / N), so only one may run.
-    - A datamodule that declares its K and ratio (``batch_size`` and ``ratio``, as
-      :class:`PoolDataModule` does) whose superbatch N = K/ρ the callback would cut to another K.
-    """
-    problems = []
-    selectors = [type(c).__name__ for c in callbacks if isinstance(c, SelectionCallback)]
-    if len(selectors) > 1:
-        problems.append(f"the Trainer has {len(selectors)} selection callbacks ({', '.join(selectors)}); each would "
-                        "subset what the previous one kept: pass exactly one")
-    k, ratio = getattr(datamodule, "batch_size", None), getattr(datamodule, "ratio", None)
-    if isinstance(k, int) and isinstance(ratio, float | int) and 0 < ratio <= 1:
-        n = getattr(datamodule, "superbatch_size", None) or candidates_per_rank(k, ratio)
-        try:
-            kept = selector.keep(n)
-        except SuperbatchError as e:
-            kept, why = None, str(e)
-        if kept != k:
-            got = f"keeps K={kept}" if kept is not None else f"cannot keep any ({why})"
-            problems.append(
-                f"{type(datamodule).__name__} yields superbatches of N={n} to train on K={k} (ratio {ratio}), but "
-                f"{type(selector).__name__} (ratio {selector.ratio}, k={selector.k}) {got}: give both the same ratio "
-                f"(train.py links --data.ratio to the callback) or pass k={k}"
-            )
-    return problems
 
 
 def _record(

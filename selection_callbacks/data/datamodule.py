@@ -46,7 +46,8 @@ class PoolDataModule(L.LightningDataModule):
     """Pool, target and val splits packed into fixed-length sequences.
 
     Training yields superbatches of N = K/ratio pool sequences as dicts (``input_ids``,
-    ``labels`` [N, T], ``sample_id``, ``domain`` [N]); a :class:`SelectionCallback` keeps K.
+    ``labels`` [N, T], ``sample_id``, ``domain`` [N], and ``label_bytes`` [N, T] under a subword
+    tokenizer, declared in :attr:`per_sample_keys`); a :class:`SelectionCallback` keeps K.
     Selectors may read the target split (:meth:`target_batch`); only evaluation reads val.
 
     Example::
@@ -86,6 +87,9 @@ class PoolDataModule(L.LightningDataModule):
         streaming: stream the pool instead of packing it (no ``subset``).
         shuffle_buffer: windows in the streamed pool's shuffle buffer.
     """
+
+    per_sample_keys = ("label_bytes",)
+    """Per-sample entries of its superbatches besides the contract's: the selection cuts them to the kept rows."""
 
     def __init__(
         self,

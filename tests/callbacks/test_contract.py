@@ -6,6 +6,7 @@ import csv
 from pathlib import Path
 
 import lightning as L
+import numpy as np
 import pytest
 import torch
 from lightning.pytorch.loggers import CSVLogger
@@ -131,11 +132,13 @@ def test_selection_metrics_are_logged(tiny_corpus) -> None:
 
 
 def test_subset_in_place_keeps_the_dict_object_and_lists() -> None:
-    batch = {"input_ids": torch.arange(12).view(4, 3), "note": ["a", "b", "c", "d"], "meta": torch.tensor(7)}
+    batch = {"input_ids": torch.arange(12).view(4, 3), "note": ["a", "b", "c", "d"], "meta": torch.tensor(7),
+             "weight": np.arange(4.0), "pair": ("w", "x", "y", "z")}
     same = batch
-    subset_in_place(batch, torch.tensor([2, 0]))
+    subset_in_place(batch, torch.tensor([2, 0]), ["input_ids", "note", "weight"])
     assert same is batch and batch["input_ids"].tolist() == [[6, 7, 8], [0, 1, 2]]
-    assert batch["note"] == ["c", "a"] and batch["meta"].item() == 7
+    assert batch["note"] == ["c", "a"] and batch["meta"].item() == 7 and batch["weight"].tolist() == [2.0, 0.0]
+    assert batch["pair"] == ("w", "x", "y", "z")  # not named: passes through uncut
 
 
 class OneBatch:

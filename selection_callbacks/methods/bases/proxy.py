@@ -17,11 +17,11 @@ from typing import Any, Literal
 import lightning as L
 import torch
 import torch.nn as nn
-from lightning.pytorch.utilities import rank_zero_info
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
 from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback
-from selection_callbacks.callbacks.protocols import needs_proxy_builder, needs_target_batch
+from selection_callbacks.callbacks.protocols import needs_proxy_builder, needs_target_batch, wrapped_causal_lm
 from selection_callbacks.scoring.reference import load_reference
 from selection_callbacks.nn.flops import matmul_flops_per_token
 from selection_callbacks.nn.gpt import GPTConfig
@@ -142,6 +142,7 @@ class ProxySelection(SelectionCallback):
         learner = getattr(pl_module, "config", None)
         if is_causal_lm_config(learner):
             return causal_lm_proxy_config(learner, self.proxy_layers, self.proxy_width, self.proxy_heads)
+        warn_wrapped_causal_lm(pl_module, type(self).__name__)
         if isinstance(learner, GPTConfig):
             vocab, block = learner.vocab_size, learner.block_size
         else:
@@ -249,3 +250,11 @@ class ProxySelection(SelectionCallback):
     def load_state_dict(self, state_dict: dict[str, Any]) -> None:
         super().load_state_dict(state_dict)
         self._pending = state_dict["proxies"]
+
+
+def warn_wrapped_causal_lm(pl_module: L.LightningModule, who: str) -> None:
+    """Warn when the learner holds a Hugging Face causal LM without exposing its ``config``: the proxies then fall
+    back to the plugin's GPT (:func:`~selection_callbacks.callbacks.protocols.wrapped_causal_lm`)."""
+    warning = wrapped_causal_lm(pl_module, who)
+    if warning is not None:
+        rank_zero_warn(warning)

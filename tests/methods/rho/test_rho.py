@@ -97,7 +97,7 @@ def test_pretrained_reference_reads_only_target_batches(trained: dict) -> None:
     finally:
         PoolDataModule.target_batch = original  # type: ignore[method-assign]
     reference = selector.proxies["reference"]
-    assert calls == [8] * 4 and reference.steps == 4 and reference.frozen
+    assert calls == [2] + [8] * 4 and reference.steps == 4 and reference.frozen  # the fit-start check's draw, then 4 steps'
     # pretraining, counted once and apart from the per-step passes: one scoring forward per step
     assert selector.meter.total["reference_pretrain_bwd"] == selector.meter.total["reference_pretrain_fwd"] == [4, 4 * 8 * SEQ_LEN]
     assert selector.meter.total["reference_fwd"] == [3, 3 * 64 * SEQ_LEN] and "reference_bwd" not in selector.meter.total
