@@ -102,7 +102,8 @@ REGISTRY: dict[str, Method] = {
                              settings=partial(selector_settings, "oracle"), family="reference"),
     # the recipe exported by the AutoData search (bench/results/autodata), applied with each seed
     "autodata": Method(
-        "autodata", select=partial(bench_select, "autodata"), inputs=("configs/recipes/autodata_best.json",),
+        "autodata", select=partial(bench_select, "autodata"),
+        inputs=("selection_callbacks/offline/autodata/presets/autodata_best.json",),
         settings=partial(selector_settings, "autodata"),
     ),
 }
