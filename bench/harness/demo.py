@@ -46,8 +46,8 @@ from typing import Any, TextIO
 
 from jsonargparse import ArgumentParser
 
-from bench.harness.methods import fit_command, thread_env
 from bench.harness.report import crossing
+from bench.harness.train_child import fit_command, thread_env
 
 
 BASELINE = ["configs/scale/cpu-tiny.yaml", "configs/tuned/cpu-tiny-adamw.yaml"]

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from bench.harness.methods import ROOT, fit_command, thread_env
+from bench.harness.train_child import ROOT, fit_command, thread_env
 
 
 # name → (method config, optimizer, extra selection arguments)

@@ -12,7 +12,7 @@ import pytest
 import yaml
 
 from bench.harness import race
-from bench.harness.methods import ROOT
+from bench.harness.train_child import ROOT
 from selection_callbacks.nn.optim import warmup_cosine
 
 
