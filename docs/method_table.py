@@ -34,9 +34,12 @@ from pathlib import Path
 from typing import NamedTuple
 
 import numpy as np
-from scipy import stats
 
 ROOT = Path(__file__).resolve().parent.parent
+if str(ROOT) not in sys.path:  # run as `python docs/method_table.py`: the bench package is at the repository root
+    sys.path.insert(0, str(ROOT))
+from bench.harness.intervals import t_half_width  # noqa: E402
+
 RESULTS = ROOT / "bench" / "results"
 START, END = "<!-- method-table:start -->", "<!-- method-table:end -->"
 SIZE_START, SIZE_END = "<!-- size-table:start -->", "<!-- size-table:end -->"
@@ -87,7 +90,7 @@ def paired_interval(diffs: list[float]) -> tuple[float, float]:
     d = np.asarray(diffs, dtype=float)
     if d.size < 2:
         return float(d.mean()), float("nan")
-    return float(d.mean()), float(stats.t.ppf(0.975, d.size - 1) * d.std(ddof=1) / math.sqrt(d.size))
+    return float(d.mean()), t_half_width(d.std(ddof=1) / math.sqrt(d.size), d.size - 1)
 
 
 def tokens_to(curve: list[list[float]], target: float) -> float | None:

@@ -11,6 +11,7 @@ import pytest
 import torch
 
 from selection_callbacks.core.contract import SuperbatchError
+from selection_callbacks.core.selection import Scores
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.data.tokenizer import ByteTokenizer
 from models.lit_gpt import LitGPT
@@ -336,6 +337,16 @@ def test_superbatch_contract_errors(case) -> None:
     with pytest.raises(SuperbatchError, match=message):
         L.Trainer(accelerator="cpu", max_steps=1, callbacks=[selector], logger=False, enable_checkpointing=False,
                   enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0).fit(Bare(CFG, warmup_steps=1))
+
+
+def test_a_calibrate_returning_the_wrong_number_of_values_is_named(tiny_corpus) -> None:
+    class HalfCalibrated(HighLossSelection):
+        def calibrate(self, scores, k):
+            return Scores(scores.values[:k])
+
+    with pytest.raises(ValueError, match=r"HalfCalibrated\.calibrate returned values of shape torch\.Size\(\[8\]\), "
+                                         r"expected \[16\]: return one value per candidate"):
+        _fit(tiny_corpus, [HalfCalibrated(ratio=0.5)], LitGPT(CFG, warmup_steps=1), steps=1)
 
 
 def test_ratio_outside_the_unit_interval() -> None:

@@ -1,4 +1,5 @@
-"""The README stays short and its method table is the generator's output from the committed results."""
+"""The README stays short, its method table is the generator's output from the committed results, and
+docs/architecture.md names every bench module."""
 
 from __future__ import annotations
 
@@ -85,3 +86,12 @@ def test_readme_links_resolve() -> None:
     targets = re.findall(r"\]\(([^)#\s]+)", (ROOT / "README.md").read_text())
     missing = [t for t in targets if not re.match(r"[a-z]+:", t) and not (ROOT / t).exists()]
     assert targets and not missing, f"README.md links to missing paths: {missing}"
+
+
+def test_architecture_names_every_bench_module() -> None:
+    """docs/architecture.md lists each module of bench/harness and bench/studies by name."""
+    text = (ROOT / "docs" / "architecture.md").read_text()
+    modules = [p for folder in ("harness", "studies") for p in sorted((ROOT / "bench" / folder).glob("*.py"))
+               if p.name != "__init__.py"]
+    missing = [str(p.relative_to(ROOT)) for p in modules if f"`{p.stem}`" not in text]
+    assert not missing, f"docs/architecture.md does not name {missing}"

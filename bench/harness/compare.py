@@ -35,8 +35,9 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from bench.harness.cost_model import modelled_cost
-from bench.harness.methods import ROOT, Method, fit_command, resolve, thread_env
+from bench.harness.methods import Method, resolve
 from bench.harness.report import write_report
+from bench.harness.train_child import ROOT, fit_command, thread_env
 
 
 TRAIN_KEYS = ("model.", "trainer.", "data.")  # variant keys that are train.py flags, not selection arguments

@@ -3,8 +3,8 @@
     python -m bench.harness.demo --data data/default --out runs/demo --steps 1000
 
 Two ``train.py`` runs start at once, one CPU thread each (``OMP_NUM_THREADS=1``): random selection
-and RHO-LOSS scored on a seeded 16-token window of each candidate (``configs/method/rho.yaml`` with
-``--selection.init_args.score_len 16``), both under the tuned AdamW baseline
+and RHO-LOSS scored on a seeded 16-token window of each candidate (``configs/method/rho_windows.yaml``:
+``rho.yaml`` with ``score_len`` 16), both under the tuned AdamW baseline
 (``configs/scale/cpu-tiny.yaml`` + ``configs/tuned/cpu-tiny-adamw.yaml``). They share the seed
 (``seed_everything`` and ``data.seed``: the same initial model and the same stream of candidate
 superbatches), the budget (``--steps`` steps of 16 kept sequences × 128 tokens, K = 16 of N = 32
@@ -46,14 +46,14 @@ from typing import Any, TextIO
 
 from jsonargparse import ArgumentParser
 
-from bench.harness.methods import fit_command, thread_env
 from bench.harness.report import crossing
+from bench.harness.train_child import fit_command, thread_env
 
 
 BASELINE = ["configs/scale/cpu-tiny.yaml", "configs/tuned/cpu-tiny-adamw.yaml"]
 RUNS = {
     "random": ["configs/method/random.yaml"],
-    "rho@score_len=16": ["configs/method/rho.yaml", "--selection.init_args.score_len", "16"],
+    "rho@score_len=16": ["configs/method/rho_windows.yaml"],
 }
 """Run name → its method config and flags; the first is the baseline the other is measured against."""
 

@@ -48,8 +48,10 @@ from jsonargparse import ArgumentParser
 from bench.harness.compare import scale_config, split_variant
 from bench.harness.cost_model import Shape, attention_flops_per_token, flops_per_token, projected_cost, proxy_config
 from bench.harness.equal_wall import equal_wall, step_time_ratio
-from bench.harness.methods import REGISTRY, ROOT
+from bench.harness.intervals import t_half_width
+from bench.harness.methods import REGISTRY
 from bench.harness.report import fmt_relative, fmt_value, paired_test
+from bench.harness.train_child import ROOT
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 
 NOT_MEASURED = "not measured"
@@ -110,16 +112,6 @@ def load_rung(text: str) -> dict[str, Any]:
             "tokens": results["config"]["tokens"], "tokens_per_param": results["config"]["tokens"] / params}
 
 
-def t_interval(mean: float, std: float, n: int) -> tuple[float, float]:
-    """The 95% t-interval of a mean of n values with sample std s: mean ± t₀.₉₇₅,ₙ₋₁ · s/√n (nan below 2)."""
-    from scipy import stats
-
-    if n < 2:
-        return float("nan"), float("nan")
-    half = float(stats.t.ppf(0.975, n - 1)) * std / math.sqrt(n)
-    return mean - half, mean + half
-
-
 def paired_cell(results: dict[str, Any], name: str) -> dict[str, Any] | None:
     """Per common seed, the method's final val bpb and its difference to random's; mean, 95% interval and p
     (None when the comparison did not run the method)."""
@@ -129,8 +121,9 @@ def paired_cell(results: dict[str, Any], name: str) -> dict[str, Any] | None:
     runs = sorted((r for r in results["methods"][name]["runs"] if r["seed"] in random), key=lambda r: r["seed"])
     diffs = [r["final_val_bpb"] - random[r["seed"]] for r in runs]
     mean, std, p = paired_test(diffs)
+    half = t_half_width(std / math.sqrt(max(len(diffs), 1)), len(diffs) - 1)  # mean ± t₀.₉₇₅,ₙ₋₁ · s/√n
     return {"seeds": [r["seed"] for r in runs], "bpb": [r["final_val_bpb"] for r in runs], "diffs": diffs,
-            "diff_mean": mean, "diff_std": std, "ci": t_interval(mean, std, len(diffs)), "p_value": p}
+            "diff_mean": mean, "diff_std": std, "ci": (mean - half, mean + half), "p_value": p}
 
 
 def step_values(timed: dict[str, Any]) -> list[float]:
@@ -163,8 +156,6 @@ def rung_cells(rung: dict[str, Any], methods: list[str]) -> dict[str, dict[str, 
 def trend(x: list[float], y: list[float]) -> dict[str, Any]:
     """Least squares y = a + b·x: slope b, its standard error √(SSR/(n−2) / Σ(x−x̄)²) and 95% t-interval
     with n − 2 degrees of freedom (nan where they are 0 or x does not vary)."""
-    from scipy import stats
-
     x_, y_ = np.asarray(x, dtype=float), np.asarray(y, dtype=float)
     n = x_.size
     if n < 2 or np.ptp(x_) == 0:
@@ -174,7 +165,7 @@ def trend(x: list[float], y: list[float]) -> dict[str, Any]:
     df = n - 2
     ssr = float(np.sum((y_ - (intercept + slope * x_)) ** 2))
     se = math.sqrt(ssr / df / np.sum((x_ - x_.mean()) ** 2)) if df > 0 else float("nan")
-    half = float(stats.t.ppf(0.975, df)) * se if df > 0 else float("nan")
+    half = t_half_width(se, df)
     return {"n": int(n), "slope": float(slope), "intercept": float(intercept), "se": se,
             "ci": (slope - half, slope + half)}
 

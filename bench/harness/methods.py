@@ -9,36 +9,13 @@ candidate kept) and its selection seconds are added to its wall-clock.
 
 from __future__ import annotations
 
-import os
-import sys
-from collections.abc import Callable, Sequence
+from collections.abc import Callable
 from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
 from bench.harness.offline import bench_select, selector_settings
 from bench.harness.reference_table import rho_reference_table
-
-ROOT = Path(__file__).resolve().parents[2]
-
-
-def thread_env(threads: int) -> dict[str, str]:
-    """This process's environment with ``threads`` CPU threads for a child's BLAS and OpenMP pools."""
-    return {**os.environ, "OMP_NUM_THREADS": str(threads), "MKL_NUM_THREADS": str(threads)}
-
-
-def fit_command(configs: Sequence[str | Path], seed: int, pool: str | Path, target: str | Path, val: str | Path,
-                steps: int, eval_every: int, run_dir: str | Path) -> list[str]:
-    """The ``train.py fit`` command every benchmark run starts from: its configs (repository-relative or
-    absolute), the paired seed (``seed_everything`` and the candidate stream), the three splits, the run length
-    and validation interval, and the run folder. Callers append their own flags."""
-    cmd = [sys.executable, str(ROOT / "train.py"), "fit"]
-    for config in configs:
-        cmd += ["--config", str(ROOT / config)]
-    cmd += ["--seed_everything", str(seed), "--data.seed", str(seed)]
-    cmd += ["--data.pool", str(pool), "--data.target", str(target), "--data.val", str(val), "--data.progress", "false"]
-    cmd += ["--trainer.max_steps", str(steps), "--trainer.val_check_interval", str(eval_every)]
-    return cmd + ["--trainer.default_root_dir", str(run_dir), "--trainer.enable_progress_bar", "false"]
 
 OfflineSelector = Callable[..., Path]
 """``(pool, target, budget_tokens, seed, out_dir[, overrides]) -> subset file``."""
@@ -102,21 +79,19 @@ REGISTRY: dict[str, Method] = {
                              settings=partial(selector_settings, "oracle"), family="reference"),
     # the recipe exported by the AutoData search (bench/results/autodata), applied with each seed
     "autodata": Method(
-        "autodata", select=partial(bench_select, "autodata"), inputs=("configs/recipes/autodata_best.json",),
+        "autodata", select=partial(bench_select, "autodata"),
+        inputs=("selection_callbacks/offline/autodata/presets/autodata_best.json",),
         settings=partial(selector_settings, "autodata"),
     ),
 }
 
-PLANNED: tuple[str, ...] = ()
-
 
 def resolve(names: list[str]) -> list[Method]:
-    """Methods by name; an unknown or not-yet-landed name is an error listing the available ones."""
+    """Methods by name; an unknown name is an error listing the available ones."""
     out = []
     for name in names:
         if name not in REGISTRY:
-            status = "has not landed yet" if name in PLANNED else "is unknown"
-            raise SystemExit(f"method {name!r} {status}; available: {', '.join(REGISTRY)}")
+            raise SystemExit(f"method {name!r} is unknown; available: {', '.join(REGISTRY)}")
         out.append(REGISTRY[name])
     if "random" not in [m.name for m in out]:
         raise SystemExit("the comparison is against random selection: include 'random' in --methods")

@@ -51,8 +51,8 @@ import yaml
 from jsonargparse import SUPPRESS, ArgumentParser
 
 from bench.harness.cost_model import proxy_config
-from bench.harness.methods import ROOT, thread_env
 from bench.harness.steptime import rerun
+from bench.harness.train_child import ROOT, thread_env
 from selection_callbacks.core.machine_load import LoadSnapshot, other_cpu_seconds
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 

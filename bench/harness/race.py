@@ -42,8 +42,9 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from bench.harness.compare import Plan, build_parser as compare_parser, resolve_variants, run_one, scale_config
-from bench.harness.methods import ROOT, Method
+from bench.harness.methods import Method
 from bench.harness.steptime import add_run_arguments, machine_line, measure
+from bench.harness.train_child import ROOT
 from selection_callbacks.data.datamodule import PoolDataModule
 
 WARMUP_SHARE = 0.2

@@ -9,6 +9,7 @@ from typing import Any
 
 import numpy as np
 
+from bench.harness.intervals import t_half_width
 from selection_callbacks.core.machine_load import ALONE_BELOW, describe_load
 
 
@@ -229,11 +230,9 @@ def seed_band(curves: list[np.ndarray], column: int) -> tuple[np.ndarray, np.nda
     (curves share their evaluation grid); None for fewer than two seeds or unequal grids."""
     if len(curves) < 2 or len({c.shape for c in curves}) != 1:
         return None
-    from scipy import stats
-
     grid = np.stack([c[:, [column, 2]] for c in curves])
     n = grid.shape[0]
-    half = stats.t.ppf(0.975, n - 1) * grid[:, :, 1].std(0, ddof=1) / np.sqrt(n)
+    half = t_half_width(grid[:, :, 1].std(0, ddof=1) / np.sqrt(n), n - 1)
     return grid[:, :, 0].mean(0), grid[:, :, 1].mean(0), half
 
 

@@ -16,7 +16,7 @@ from pathlib import Path
 
 from jsonargparse import ArgumentParser
 
-from bench.harness.methods import ROOT, fit_command, thread_env
+from bench.harness.train_child import ROOT, fit_command, thread_env
 
 
 # name → (method config, optimizer, extra selection arguments)
@@ -25,7 +25,7 @@ FINGERPRINTED: dict[str, tuple[str, str, list[str]]] = {
     "high_loss": ("high_loss", "adamw", []),
     "oracle": ("oracle", "adamw", []),
     "rho": ("rho", "adamw", []),
-    "rho_window16": ("rho", "adamw", ["--selection.init_args.score_len", "16"]),
+    "rho_window16": ("rho_windows", "adamw", []),
     "classact": ("classact", "adamw", []),
     "classact_report": ("classact_report", "adamw", []),
     "opus": ("opus", "adamw", []),

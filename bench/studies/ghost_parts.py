@@ -53,8 +53,8 @@ from pathlib import Path
 from typing import Any
 
 import selection_callbacks.methods  # noqa: F401  (registers every method, so every ghost subclass is wrapped)
-from bench.harness.methods import ROOT, thread_env
 from bench.harness.steptime import rerun
+from bench.harness.train_child import ROOT, thread_env
 from selection_callbacks.callbacks import base
 from selection_callbacks.methods.bases import ghost
 from selection_callbacks.scoring.ghost import embedding, linear, tied

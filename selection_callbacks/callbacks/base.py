@@ -343,9 +343,11 @@ class SelectionCallback(L.Callback, ABC):
         return Scores(torch.where(bad, fill.to(values.dtype), values), raw.interactions, features), bad
 
     def _checked_scores(self, scores: torch.Tensor, n: int, batch: MutableMapping) -> tuple[torch.Tensor, int]:
-        """Scores as float CPU [N] and the number of non-finite ones (error or ranked lowest)."""
+        """``calibrate``'s values as float CPU [W·N] and the number of non-finite ones (error or ranked lowest)."""
         if not isinstance(scores, torch.Tensor) or scores.shape != (n,):
-            raise ValueError(f"{type(self).__name__}.score returned {getattr(scores, 'shape', type(scores))}, expected [{n}]")
+            shape = getattr(scores, "shape", type(scores))
+            raise ValueError(f"{type(self).__name__}.calibrate returned values of shape {shape}, expected [{n}]: "
+                             "return one value per candidate of the gathered superbatch")
         scores, bad, where = finite_scores(scores, batch.get("sample_id"), self.nonfinite, type(self).__name__)
         if bad:
             rank_zero_warn(f"{bad} non-finite selection score(s) ranked lowest (samples {where})")

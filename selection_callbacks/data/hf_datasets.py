@@ -28,8 +28,8 @@ def _datasets():
         import datasets
     except ImportError as e:
         raise DataSourceError(
-            "reading a Hugging Face dataset needs the `datasets` package: pip install datasets "
-            "(or pip install -e '.[dev]')"
+            "reading a Hugging Face dataset needs the `datasets` package: pip install 'selection-callbacks[hf]' "
+            "(or pip install datasets)"
         ) from e
     datasets.disable_progress_bars()
     return datasets

@@ -10,7 +10,7 @@ from pathlib import Path
 import pytest
 import yaml
 
-from bench.harness.methods import ROOT
+from bench.harness.train_child import ROOT
 from bench.studies import ghost_parts
 
 SCALE = {

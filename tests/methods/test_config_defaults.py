@@ -15,6 +15,7 @@ CONFIGS = sorted((ROOT / "configs/method").glob("*.yaml"))
 VARIANTS = {  # config → the init_args it selects on purpose (its opening comment says so)
     "classact_report.yaml": {"variant": "report"},
     "opus_greedy.yaml": {"temperature": 0.0},
+    "rho_windows.yaml": {"score_len": 16},
 }
 
 

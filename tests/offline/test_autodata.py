@@ -74,9 +74,7 @@ def test_failed_trials_are_recorded_and_the_search_goes_on(corpora, tmp_path) ->
         {**GOOD, "terms": [{"feature": "distinct_1", "weight": -1.0}], "name": "good too"},
     ]
     cfg = dataclasses.replace(TINY_SEARCH, trials=len(recipes), recipe_timeout=2.0)
-    start = time.perf_counter()
     final = Search(pool, target, budget_of(pool), cfg, tmp_path, Scripted(recipes), progress=False).run()
-    assert time.perf_counter() - start < 60
     trials = TrialStore(tmp_path / "trials.jsonl").load()
     assert [t["status"] for t in trials] == ["ok", "failed", "failed", "failed", "failed", "ok"]
     assert "invalid recipe: recipe: unknown field(s) ['colour']" in trials[1]["error"]

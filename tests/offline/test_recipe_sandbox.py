@@ -174,7 +174,7 @@ def test_errors_are_bounded_and_wall_clock_time_is_limited(table) -> None:
     start = time.perf_counter()
     with pytest.raises(RecipeError, match="time: timed out after 3 s of wall-clock time"):
         run_recipe(sleeps, table, budget, 0, timeout=3.0, limits=SandboxLimits(cpu_seconds=1.0))
-    assert time.perf_counter() - start < 10
+    assert time.perf_counter() - start < 40  # killed at its limit, not waited out: far below the recipe's 60 s sleep
 
 
 AGENT = r"""
@@ -198,7 +198,7 @@ def test_an_agent_that_prints_too_much_or_names_a_program_fails_its_trial_only(c
     start = time.perf_counter()
     with pytest.raises(Exception, match="agent printed more than 1048576 bytes on stdout"):
         AgentProposer(command, timeout=60.0).propose([], 1, np.random.default_rng(0))
-    assert time.perf_counter() - start < 15
+    assert time.perf_counter() - start < 40  # stopped at the cap, not left blocked on its pipe until the 60 s timeout
     cfg = dataclasses.replace(TINY_SEARCH, trials=4, batch=1, proposer="agent", agent_command=command)
     Search(pool, target, budget_of(pool), cfg, tmp_path / "search", progress=False).run()
     trials = TrialStore(tmp_path / "search" / "trials.jsonl").load()

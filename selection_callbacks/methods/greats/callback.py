@@ -14,8 +14,9 @@ from selection_callbacks.scoring.maps.step_maps import SGDStepMaps
 
 
 class GreatsSelection(GhostSelection):
-    """Greedy u_i = η⟨g_i, ḡ_proxy⟩ − η² Σ_{j∈S} ⟨g_i, g_j⟩ with η = lr/K (the step of the batch mean;
-    per parameter group, and over K × accumulation steps when gradients accumulate).
+    """Greedy u_i = η⟨g_i, ḡ_proxy⟩ − η² Σ_{j∈S} ⟨g_i, g_j⟩ with η = lr/(W·K·A), per parameter group: one row's
+    weight in the step, whose gradient is the mean over the K kept rows of each of the W DDP ranks (DDP
+    averages the ranks' gradients) and A accumulated micro-batches, so row i moves the weights by −η·g_i.
 
     Plain gradients (no optimizer preconditioning), physical units (no calibration: greedy is
     scale-free and the interaction's weight relative to the utility is η itself).
@@ -36,7 +37,8 @@ class GreatsSelection(GhostSelection):
 
     @override
     def step_maps(self, trainer: L.Trainer, k: int) -> StepMaps:
-        return SGDStepMaps(trainer.optimizers[0], k * trainer.accumulate_grad_batches)
+        # k is this rank's; the step averages over every rank's and micro-batch's kept rows
+        return SGDStepMaps(trainer.optimizers[0], k * trainer.world_size * trainer.accumulate_grad_batches)
 
     @override
     def calibrate(self, scores: Scores, k: int) -> Scores:

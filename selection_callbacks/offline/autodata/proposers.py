@@ -55,7 +55,7 @@ class Proposer(Protocol):
 
 
 def presets() -> dict[str, dict]:
-    """The paper's recipes shipped as ``configs/recipes/paper_*.json``, by file stem."""
+    """The paper's recipes shipped as ``presets/paper_*.json`` (package data), by file stem."""
     return {p.stem: load_recipe(p) for p in sorted(PRESET_DIR.glob("paper_*.json"))}
 
 

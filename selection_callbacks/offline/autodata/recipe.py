@@ -83,7 +83,7 @@ RULE_DEFAULTS = {"threshold": {"quantile": 0.5}, "gumbel": {"temperature": 1.0},
 TERM_KEYS = {"feature", "weight", "transform", "shape", "centre", "width", "aggregate", "gate"}
 GATE_KEYS = {"feature", "weight", "transform"}
 RECIPE_KEYS = {"name", "terms", "combine", "cells", "centre", "rule", "backbone", "program", "code"}
-PRESET_DIR = Path(__file__).resolve().parents[3] / "configs" / "recipes"
+PRESET_DIR = Path(__file__).resolve().parent / "presets"
 EPS = 1e-3
 
 
@@ -256,7 +256,8 @@ def validate_recipe(recipe: Any) -> dict:
 
 
 def load_recipe(spec: str | Path | dict) -> dict:
-    """A validated recipe from a dict, a JSON file or a preset name (``configs/recipes/<name>.json``)."""
+    """A validated recipe from a dict, a JSON file or a preset name (``<name>.json`` in
+    ``PRESET_DIR``, the package data folder ``selection_callbacks/offline/autodata/presets/``)."""
     if isinstance(spec, dict):
         return validate_recipe(spec)
     path = Path(spec)

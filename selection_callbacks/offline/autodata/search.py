@@ -26,8 +26,8 @@ is exported to ``<out>/best_recipe.json``; ``report.md`` and ``score_vs_trial.pn
 (``python -m selection_callbacks.offline.autodata`` and ``python -m selection_callbacks.offline.select``
 take the same arguments.)
 
-The selector ``autodata`` applies one recipe (a file or a preset in ``configs/recipes``) to a pool.
-Selectors read the pool and the target split only; val is never read here.
+The selector ``autodata`` applies one recipe (a file, or a preset of the package's ``offline/autodata/presets/``) to
+a pool. Selectors read the pool and the target split only; val is never read here.
 """
 
 from __future__ import annotations
@@ -64,8 +64,8 @@ class AutoDataConfig:
     """The ``autodata`` selector: apply one recipe.
 
     Attributes:
-        recipe: a recipe JSON file or a preset name (``configs/recipes/<name>.json``; the search's
-            exported winner ships as ``autodata_best``).
+        recipe: a recipe JSON file or a preset name (``<name>.json`` in the package's
+            ``offline/autodata/presets/``; the search's exported winner ships as ``autodata_best``).
         timeout: wall-clock seconds a code recipe may run.
         cpu_seconds: CPU seconds a code recipe may use (None = ``timeout``).
         memory_mb: memory (MiB) a code recipe may allocate.

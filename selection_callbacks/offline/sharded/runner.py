@@ -85,7 +85,7 @@ class ShardedEngine:
         try:
             import ray
         except ImportError as e:
-            raise ImportError("the sharded engine needs Ray Data: pip install 'ray[data]' "
+            raise ImportError("the sharded engine needs Ray Data: pip install 'selection-callbacks[ray]' "
                               "(or run the single-process path: --engine local)") from e
         if self.workers < 1:
             raise SelectionError(f"--workers must be ≥ 1, got {self.workers}")

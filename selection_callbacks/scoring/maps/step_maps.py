@@ -88,7 +88,7 @@ class SGDStepMaps:
 
     Args:
         optimizer: any optimizer (only its per-group learning rates are read).
-        batch: sequences the update averages over (K × gradient-accumulation steps).
+        batch: sequences the update averages over (W·K × gradient-accumulation steps: every rank's kept rows).
     """
 
     def __init__(self, optimizer: torch.optim.Optimizer, batch: int) -> None:

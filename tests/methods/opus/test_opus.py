@@ -146,10 +146,22 @@ def test_opus_refuses_a_datamodule_without_proxy(tiny_corpus) -> None:
         trainer.fit(NoTarget(CFG, warmup_steps=1))
 
 
-def test_opus_with_a_proxy_file(tiny_corpus) -> None:
-    selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=128, proxy=tiny_corpus["target"])
-    _fit(tiny_corpus, selector, steps=3)
-    assert selector.selections == 3
+def test_opus_with_a_proxy_file_scores_against_the_files_rows(tiny_corpus) -> None:
+    """proxy=FILE draws its rows from the file: a run with the val file as proxy scores and selects exactly as a run
+    whose datamodule's target split is that file (windows of the whole 32-token rows, so both pack the same rows and
+    draw them by the same rule), and unlike a run drawing the datamodule's own target split."""
+    def fit(corpus, proxy):
+        selector = OPUSSelection(ratio=0.5, score_len=32, sketch_dim=128, proxy=proxy)
+        _fit(corpus, selector, steps=3)
+        return selector
+
+    from_file = fit(tiny_corpus, tiny_corpus["val"])
+    as_target = fit({**tiny_corpus, "target": tiny_corpus["val"]}, None)
+    own_target = fit(tiny_corpus, None)
+    assert from_file.selections == 3
+    torch.testing.assert_close(from_file.last_scores, as_target.last_scores)
+    assert from_file.last_selected.tolist() == as_target.last_selected.tolist()
+    assert not torch.allclose(from_file.last_scores, own_target.last_scores)
 
 
 def test_opus_scores_only_the_named_layers(tiny_corpus) -> None:
