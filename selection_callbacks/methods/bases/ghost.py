@@ -210,7 +210,18 @@ class GhostSelection(SelectionCallback):
                 "matrices, AdamW on the rest), give these parameters an optimizer group, or leave their layers out "
                 "with layers=[...]"
             )
+        if not problems and self.engine is not None:
+            problems += self._capture_problems(trainer, pl_module)
         return problems
+
+    def _capture_problems(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        """What keeps the engine from capturing every scored layer of the learner's wiring, found by one capture pass
+        (no scoring) over the first selection's proxy rows on the eager modules, under the Trainer's precision; the
+        global RNG is restored after it, so the run's dropout and selections do not move."""
+        rows = self._proxy_rows(trainer, 0, pl_module.device)
+        cuda = [pl_module.device] if pl_module.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda), trainer.precision_plugin.train_step_context():
+            return self.engine.capture_problems(lambda b: _eager_loss(pl_module, b), rows)
 
     def _load_proxy(self, dm: object) -> PackedSplit:
         """The proxy file packed in score_len windows with the training data's own tokenizer.
