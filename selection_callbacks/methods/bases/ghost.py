@@ -8,8 +8,10 @@ global superbatch under DDP. Under a compiled learner the scoring forward runs t
 modules (:func:`~selection_callbacks.scoring.ghost.eager.eager`: the capture's per-layer hooks do not
 fire inside a compiled graph) while the training step stays compiled; under activation checkpointing
 the capture ignores the backward's recomputation
-(:class:`~selection_callbacks.scoring.ghost.capture.HookCapture`). Every ``diagnostics_every`` selections
-it also measures how much the scores can be trusted: the split-half reliability of the utilities
+(:class:`~selection_callbacks.scoring.ghost.capture.HookCapture`). At fit start one capture pass over the
+first proxy rows, scoring nothing, checks that every scored layer is captured: a layer that does not run in
+the loss's forward, or whose output does not reach the loss, is refused by name before the first step.
+Every ``diagnostics_every`` selections it also measures how much the scores can be trusted: the split-half reliability of the utilities
 (:mod:`selection_callbacks.scoring.reliability`) and the sketch's real error on a few candidates.
 """
 
