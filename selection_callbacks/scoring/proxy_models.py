@@ -93,8 +93,10 @@ def causal_lm_proxy_config(learner: Any, layers: int, width: int, heads: int) ->
 
     Vocabulary, context and every other field stay the learner's; the MLP's inner size keeps its ratio
     to the width (``intermediate_size`` or GPT-2's ``n_inner``, when set), grouped-query attention keeps
-    its heads-per-group ratio (``num_key_value_heads`` divides ``heads``), and the fields a config class
-    derives from the sizes (``head_dim``, ``layer_types``) are derived again. GPT-2-style names
+    its heads-per-group ratio (``num_key_value_heads`` divides ``heads``), a ``head_dim`` field follows the
+    proxy's width, ``width // heads`` (a class that stores one, as Qwen3's and Gemma 2's, would otherwise
+    fall back to its default, 128 or 256, whatever the width; a class without one derives the same from the
+    width), and ``layer_types``, derived from the layer count, is derived again. GPT-2-style names
     (``n_layer``, ``n_embd``, ``n_head``) are reached through the config's ``attribute_map``.
 
     Args:
@@ -110,6 +112,7 @@ def causal_lm_proxy_config(learner: Any, layers: int, width: int, heads: int) ->
     Example::
 
         causal_lm_proxy_config(LlamaConfig(hidden_size=512, num_hidden_layers=8), 2, 128, 4).hidden_size  # 128
+        causal_lm_proxy_config(Qwen3Config(hidden_size=512, head_dim=64), 2, 128, 4).head_dim  # 32
     """
     if width % heads:
         raise ValueError(f"proxy_width={width} must be a multiple of proxy_heads={heads}")
@@ -120,8 +123,9 @@ def causal_lm_proxy_config(learner: Any, layers: int, width: int, heads: int) ->
     if fields.get("num_key_value_heads") is not None:
         kv_heads = max(1, heads * fields["num_key_value_heads"] // learner.num_attention_heads)
         fields["num_key_value_heads"] = math.gcd(kv_heads, heads)
-    for key in ("head_dim", "layer_types"):
-        fields.pop(key, None)
+    if "head_dim" in fields:
+        fields["head_dim"] = width // heads
+    fields.pop("layer_types", None)
     sizes = {"num_hidden_layers": layers, "hidden_size": width, "num_attention_heads": heads}
     fields.update({names.get(key, key): value for key, value in sizes.items()})
     return type(learner).from_dict(fields)

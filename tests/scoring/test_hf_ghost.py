@@ -11,8 +11,6 @@ from types import SimpleNamespace
 
 import pytest
 import torch
-import torch.nn.functional as F
-from torch.func import functional_call, grad, vmap
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: nothing is downloaded
 
@@ -27,6 +25,7 @@ from selection_callbacks.scoring.ghost.engine import GhostEngine  # noqa: E402
 from selection_callbacks.scoring.ghost.layers import scored_layers, shared_weights, unscorable_layers  # noqa: E402
 from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps  # noqa: E402
 from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, sketch_blocks  # noqa: E402
+from tests.support.per_sample_gradients import brute_force, per_sample_grads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 N_CAND, N_PROXY, T = 5, 3, 8
@@ -67,38 +66,6 @@ def _trained(name: str, tied: bool, optimizer: str, steps: int = 2) -> tuple[Lit
     return lit, opt
 
 
-def _per_sample_grads(lit: LitCausalLM, batch: dict[str, torch.Tensor]) -> dict[str, torch.Tensor]:
-    """name → [R, *shape] per-row gradients of the row's mean token loss (a tied tensor once, under its first name)."""
-    params = {k: v.detach() for k, v in lit.model.named_parameters()}
-
-    def single(p, x, y):
-        logits = functional_call(lit.model, p, (), {"input_ids": x[None], "use_cache": False}).logits
-        return F.cross_entropy(logits[0], y)
-
-    return vmap(grad(single), in_dims=(None, 0, 0))(params, batch["input_ids"], batch["labels"])
-
-
-def _brute_force(lit, batch, resolver, layers) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Per scored weight (a shared one once, under its first layer): u_i = Σ_params ⟨G_i, −Jᵀḡ⟩ over the layer's
-    weight and bias, from explicit per-sample gradients; and Σ ‖P G_i‖² over every scored parameter."""
-    G, names = _per_sample_grads(lit, batch), {id(p): n for n, p in lit.model.named_parameters()}
-    utilities, sq, seen = {}, torch.zeros(N_CAND), set()
-    for layer, module in layers:
-        if id(module.weight) in seen:
-            continue
-        seen.add(id(module.weight))
-        utilities[layer] = torch.zeros(N_CAND)
-        for p in (module.weight, getattr(module, "bias", None)):
-            if p is None:
-                continue
-            g = G[names[id(p)]]
-            gbar = g[N_CAND:].mean(0)[None]
-            P = resolver([p], gbar)
-            utilities[layer] += (g[:N_CAND] * P.utility_vector(gbar)[0]).flatten(1).sum(1)
-            sq += P.apply(g[None, :N_CAND])[0].flatten(1).pow(2).sum(1)
-    return utilities, sq
-
-
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw", "muon"])
 @pytest.mark.parametrize("name, tied", MODELS)
 def test_utilities_and_norms_match_per_sample_gradients(stacking: str, name: str, tied: bool, optimizer: str) -> None:
@@ -110,7 +77,7 @@ def test_utilities_and_norms_match_per_sample_gradients(stacking: str, name: str
     engine = GhostEngine(lit.model, include_embedding=True, include_head=True, norms=True)
     got = engine.score(lit.per_sample_loss, batch, N_CAND, resolver)
     layers = [(n, m) for n, m in engine.layers if n not in got.shared]
-    want, sq = _brute_force(lit, batch, resolver, layers)
+    want, sq = brute_force(lit.model, per_sample_grads(lit.model, batch), resolver, layers, N_CAND)
     assert got.shared == (["transformer.wpe"] if name == "gpt2" else [])  # a position table, broadcast over rows
     assert list(got.layer_utilities) == list(want)  # a tied weight once, under the embedding
     kinds = {type(m).__name__ for _, m in layers}
@@ -136,7 +103,7 @@ def test_sketch_is_each_weights_count_sketch(stacking: str, name: str, tied: boo
     outer = optimizer != "muon"
     engine = GhostEngine(lit.model, include_embedding=outer, include_head=outer, sketch_dim=256, sketch=sketch)
     got = engine.score(lit.per_sample_loss, batch, N_CAND, resolver, seed=3)
-    G, names = _per_sample_grads(lit, batch), {id(p): n for n, p in lit.model.named_parameters()}
+    G, names = per_sample_grads(lit.model, batch), {id(p): n for n, p in lit.model.named_parameters()}
     aliases = {n for tied in shared_weights(engine.layers) for n in tied[1:]}  # a shared weight's later uses
     owners = [(i, n, m) for i, (n, m) in enumerate(engine.layers) if n not in aliases]
     blocks = dict(zip([n for _, n, _ in owners], sketch_blocks([m.weight.numel() for _, _, m in owners], 256)))

@@ -8,8 +8,10 @@ global superbatch under DDP. Under a compiled learner the scoring forward runs t
 modules (:func:`~selection_callbacks.scoring.ghost.eager.eager`: the capture's per-layer hooks do not
 fire inside a compiled graph) while the training step stays compiled; under activation checkpointing
 the capture ignores the backward's recomputation
-(:class:`~selection_callbacks.scoring.ghost.capture.HookCapture`). Every ``diagnostics_every`` selections
-it also measures how much the scores can be trusted: the split-half reliability of the utilities
+(:class:`~selection_callbacks.scoring.ghost.capture.HookCapture`). At fit start one capture pass over the
+first proxy rows, scoring nothing, checks that every scored layer is captured: a layer that does not run in
+the loss's forward, or whose output does not reach the loss, is refused by name before the first step.
+Every ``diagnostics_every`` selections it also measures how much the scores can be trusted: the split-half reliability of the utilities
 (:mod:`selection_callbacks.scoring.reliability`) and the sketch's real error on a few candidates.
 """
 
@@ -210,7 +212,18 @@ class GhostSelection(SelectionCallback):
                 "matrices, AdamW on the rest), give these parameters an optimizer group, or leave their layers out "
                 "with layers=[...]"
             )
+        if not problems and self.engine is not None:
+            problems += self._capture_problems(trainer, pl_module)
         return problems
+
+    def _capture_problems(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        """What keeps the engine from capturing every scored layer of the learner's wiring, found by one capture pass
+        (no scoring) over the first selection's proxy rows on the eager modules, under the Trainer's precision; the
+        global RNG is restored after it, so the run's dropout and selections do not move."""
+        rows = self._proxy_rows(trainer, 0, pl_module.device)
+        cuda = [pl_module.device] if pl_module.device.type == "cuda" else []
+        with torch.random.fork_rng(devices=cuda), trainer.precision_plugin.train_step_context():
+            return self.engine.capture_problems(lambda b: _eager_loss(pl_module, b), rows)
 
     def _load_proxy(self, dm: object) -> PackedSplit:
         """The proxy file packed in score_len windows with the training data's own tokenizer.

@@ -2,9 +2,10 @@
 
 ``engine`` (``GhostEngine``: the scoring call, its passes, the grouping of layers into stacks, the sketchers),
 ``capture`` (the ``Capture`` contract, how a pass obtains each layer's inputs and output gradients, and
-``HookCapture``, by hooks on the eager module), ``layers`` (which layers are scored, which share a weight),
+``HookCapture``, by hooks on the eager module), ``roots`` (the tensors its backward differentiates to, so that it
+runs through every scored layer whatever the blocks' wiring), ``layers`` (which layers are scored, which share a weight),
 ``scorers`` (the registry layer type → scorer, ``register_scorer``) with one module per scorer (``linear``,
 ``embedding``, ``tied``) and ``state`` (what one pass holds).
 """
 
-__all__ = ["capture", "embedding", "engine", "layers", "linear", "scorers", "state", "tied"]
+__all__ = ["capture", "embedding", "engine", "layers", "linear", "roots", "scorers", "state", "tied"]

@@ -199,7 +199,8 @@ class GhostEngine:
 
         Raises:
             ValueError: no candidate or no proxy row.
-            RuntimeError: a scored layer's capture did not fire (as under ``torch.compile``).
+            RuntimeError: a scored layer's capture did not fire (as under ``torch.compile``), or its output gradient
+                never arrived (its output does not reach the loss; :meth:`capture_problems` finds both before scoring).
         """
         n_rows = rows["input_ids"].shape[0]
         if not 0 < n_candidates < n_rows:
@@ -250,16 +251,50 @@ class GhostEngine:
             for names in self._groups(state):
                 state.group_of.update((name, names) for name in names)
 
-        losses = self.capture.run(loss_fn, rows, state, ready, lambda name, grad: self._arrived(name, grad, state))
+        def arrived(name: str, grad: torch.Tensor) -> None:
+            received.add(name)
+            self._arrived(name, grad, state)
+
+        received: set[str] = set()
+        losses = self.capture.run(loss_fn, rows, state, ready, arrived)
         missing = [name for name, _ in self.layers if name not in state.utilities and name not in state.shared
                    and self._tied.get(name, (name,))[0] == name]  # a shared weight's utilities are its first layer's
         if missing:  # every pass carries ≥ 1 candidate, so a scored layer has utilities
+            unreached = [name for name in state.out_shapes if name not in received]
+            if unreached:
+                raise RuntimeError(_unreached_message(unreached))
             raise RuntimeError(
                 f"ghost capture scored {len(state.utilities)} of {len(self.layers)} layers (missing e.g. {missing[:3]}): hooks "
                 "did not fire, as under torch.compile; score the eager module instead of returning partial scores"
             )
         state.losses = losses.detach()
         return state
+
+    def capture_problems(self, loss_fn: Callable[[MutableMapping], torch.Tensor], rows: MutableMapping) -> list[str]:
+        """What keeps the capture from scoring every layer of this wiring, each with its fix ([] when nothing does).
+
+        Runs one forward/backward of ``loss_fn`` over ``rows`` through the capture, scoring nothing (so the
+        capture's first pass, which finds the backward's roots, is this one): a scored layer that did not run
+        in the forward (or ran with gradients off) is never captured; one that ran but whose output does not
+        reach the loss never receives its output gradient. Run it on the eager module (a compiled graph fires
+        no hooks). Errors the capture raises on the layers themselves (a module applied twice, an input without
+        the row dimension, a table whose forward is not a scaled lookup) propagate.
+        """
+        state = PassState(rows["input_ids"].shape[0], 0, None, 0, {})  # type: ignore[arg-type]  (nothing is scored)
+        received: set[str] = set()
+        self.capture.run(loss_fn, rows, state, lambda: None, lambda name, grad: received.add(name))
+        unrun = [name for name, _ in self.layers if name not in state.out_shapes and name not in state.shared]
+        unreached = [name for name in state.out_shapes if name not in received]
+        problems = []
+        if unrun:
+            problems.append(
+                f"ghost scoring: {len(unrun)} scored layer(s) did not run in the per-sample loss's forward, or ran where "
+                f"autograd records nothing (under no_grad, or frozen weights on inputs that need no gradient): "
+                f"{_shown(unrun)}; their per-sample gradients cannot be captured. {_LEAVE_OUT}"
+            )
+        if unreached:
+            problems.append(_unreached_message(unreached))
+        return problems
 
     def _arrived(self, name: str, grad: torch.Tensor, state: PassState) -> None:
         """Keep b; once every layer of its group has its b, score the group (in float32)."""
@@ -326,6 +361,20 @@ class GhostEngine:
             blocks = {"block": self._blocks[names[0]][1], "offsets": [self._blocks[n][0] for n in names]} if cls is TensorSketch else {}
             self._sketchers[key] = cls(self.sketch_dim, d_out, d_in, seed, layers, device, **blocks)
         return self._sketchers[key]
+
+
+_LEAVE_OUT = ("Leave them out of the scored layers: layers=[...] (OPUS/GREATS: glob patterns of the layers to score, "
+              "which must not match them) or exclude=(...) (GhostEngine)")
+
+
+def _shown(names: list[str]) -> str:
+    return str(names[:4])[:-1] + (", …]" if len(names) > 4 else "]")
+
+
+def _unreached_message(names: list[str]) -> str:
+    return (f"ghost scoring: {len(names)} scored layer(s) ran in the forward but their output gradients never arrived: "
+            f"{_shown(names)}; their outputs do not reach the per-sample loss (unused, or detached from it), so "
+            f"the loss has no gradient in their weights to score. {_LEAVE_OUT}")
 
 
 def _probe_errors(S: torch.Tensor, exact: torch.Tensor) -> dict[str, torch.Tensor]:
