@@ -177,7 +177,7 @@ def check_reference_fits(module: nn.Module, what: str, learner_vocab: int | None
     """
     vocab, known = reference_vocab(module), learner_vocab if learner_vocab is not None else data_vocab
     if vocab is None and known is not None and must_declare:
-        raise ValueError(f"{what} ({type(module).__name__}) declares no vocabulary, so it cannot be checked against "
+        raise ValueError(f"{what} declares no vocabulary, so it cannot be checked against "
                          f"the learner's {known} token ids: give it a vocab_size attribute (or a config with vocab_size)")
     if vocab is not None and learner_vocab is not None and vocab != learner_vocab:
         raise ValueError(f"{what} has vocab_size={vocab} and the learner has vocab_size={learner_vocab}: a reference "
