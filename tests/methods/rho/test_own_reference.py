@@ -265,3 +265,16 @@ def test_a_resumed_reference_must_be_of_the_kind_it_was_started_with() -> None:
     assert given.steps == 0 and not given.trains and built.trains
     with pytest.raises(ValueError, match="checkpoint's reference is of kind 'built' .* resume with the reference"):
         given.load_state_dict(built.state_dict())
+
+
+def test_the_own_reference_page_runs_as_written(tmp_path: Path, monkeypatch) -> None:
+    """docs/own-model-and-data.md: the own-reference block, executed after the own-model block's learner and data."""
+    from tests.test_readme import python_block
+
+    page = ROOT / "docs" / "own-model-and-data.md"
+    namespace: dict = {}
+    exec(python_block(page, "<!-- own-model:start -->").split("callback = HighLossSelection")[0], namespace)
+    monkeypatch.chdir(tmp_path)
+    exec(python_block(page, "<!-- own-reference:start -->"), namespace)
+    assert (tmp_path / "reference_losses.npz").is_file()
+    assert namespace["callback"].selections == 2 and namespace["callback"].reference.kind == "built"
