@@ -45,7 +45,8 @@ def build_parser(parent: ActionSubCommands | None = None, name: str = "reference
     description = __doc__.split("\n\n")[0]
     p = command_parser("python -m selection_callbacks.cli.reference_losses", description, parent, name)
     p.add_argument("--ckpt", required=True,
-                   help="the reference: a train.py checkpoint (trained on the target split) or a Hugging Face model folder")
+                   help="the reference: a train.py checkpoint (trained on the target split) or a Hugging Face "
+                        "model folder")
     p.add_argument("--pool", required=True, help="the training pool, as passed to --data.pool")
     p.add_argument("--seq-len", type=int, required=True, help="the training --data.seq_len")
     p.add_argument("--out", required=True, help="output .npz")
@@ -61,7 +62,8 @@ def run(args: Namespace) -> Path:
     """Write the loss file a ``build_parser()`` namespace describes; returns its path."""
     module = load_reference(args.ckpt)
     split = pack_pool(args.pool, args.seq_len, args.cache_dir, args.eot_id)
-    check_reference_fits(module, f"reference {args.ckpt!r}", data_vocab=int(split.tokens.max()) + 1, seq_len=args.seq_len)
+    check_reference_fits(module, f"reference {args.ckpt!r}", data_vocab=int(split.tokens.max()) + 1,
+                         seq_len=args.seq_len)
     table = ReferenceLossTable.of_pool(module, split, args.batch_size, torch.device(args.device))
     out = table.write(args.out)
     print(f"wrote {out}: {len(table.loss)} sequences, mean reference loss {float(table.loss.mean()):.4f} nats")

@@ -138,7 +138,7 @@ def seeded_proxy(config: Any, seed: int, purpose: str) -> nn.Module:
 
 
 def reference_vocab(module: nn.Module) -> int | None:
-    """The vocabulary size a reference declares: ``module.vocab_size``, else ``module.config.vocab_size`` (None: neither)."""
+    """The vocabulary size a reference declares: ``module.vocab_size``, else ``module.config.vocab_size`` (or None)."""
     for value in (getattr(module, "vocab_size", None), getattr(getattr(module, "config", None), "vocab_size", None)):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
@@ -177,8 +177,8 @@ def check_reference_fits(module: nn.Module, what: str, learner_vocab: int | None
     """
     vocab, known = reference_vocab(module), learner_vocab if learner_vocab is not None else data_vocab
     if vocab is None and known is not None and must_declare:
-        raise ValueError(f"{what} declares no vocabulary, so it cannot be checked against "
-                         f"the learner's {known} token ids: give it a vocab_size attribute (or a config with vocab_size)")
+        raise ValueError(f"{what} declares no vocabulary, so it cannot be checked against the learner's {known} "
+                         "token ids: give it a vocab_size attribute (or a config with vocab_size)")
     if vocab is not None and learner_vocab is not None and vocab != learner_vocab:
         raise ValueError(f"{what} has vocab_size={vocab} and the learner has vocab_size={learner_vocab}: a reference "
                          "scores the learner's token ids, so it needs the learner's tokenizer and vocabulary; pass a "

@@ -34,10 +34,16 @@ import torch.nn as nn
 from selection_callbacks.core.pass_counts import CostMeter
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.scoring.losses import PerSampleLoss, sequence_means, token_losses
-from selection_callbacks.scoring.proxy_models import Proxy, ProxyLM, is_causal_lm_config, pretrain_on_target, seeded_proxy
+from selection_callbacks.scoring.proxy_models import (
+    Proxy,
+    ProxyLM,
+    is_causal_lm_config,
+    pretrain_on_target,
+    seeded_proxy,
+)
 from selection_callbacks.scoring.reference_files import read_checkpoint, read_pretrained_folder
 
-__all__ = ["LogitsLM", "Reference", "ReferenceKind", "load_reference", "pretrained_reference"]
+__all__ = ["LogitsLM", "Reference", "ReferenceKind", "load_reference", "pretrained_reference", "source_kind"]
 
 ReferenceKind = Literal["module", "folder", "checkpoint", "built"]
 Source = str | Path | nn.Module | None

@@ -91,15 +91,17 @@ class ReferenceLossTable:
         """The table in ``path`` (an ``.npz`` :meth:`write` wrote; read without pickle)."""
         if not Path(path).is_file():
             raise FileNotFoundError(f"reference loss file {str(path)!r} does not exist; write it with {COMMAND} "
-                                    "(or ReferenceLossTable.of_batches(...).write(FILE) for rows of your own DataModule)")
+                                    "(or ReferenceLossTable.of_batches(...).write(FILE) for rows of your own "
+                                    "DataModule)")
         with np.load(path, allow_pickle=False) as f:
             missing = [k for k in FILE_FIELDS if k not in f.files]
             if missing:
                 raise ValueError(f"{str(path)!r} is not a reference loss file (lacks {missing}): write it again with "
                                  f"{COMMAND}")
             fingerprint = str(f["fingerprint"]) if "fingerprint" in f.files else None
-            return cls(torch.from_numpy(f["sample_id"].astype(np.int64)), torch.from_numpy(f["loss"].astype(np.float32)),
-                       torch.from_numpy(f["checksum"].astype(np.int64)), int(f["seq_len"]), fingerprint, str(path))
+            return cls(torch.from_numpy(f["sample_id"].astype(np.int64)),
+                       torch.from_numpy(f["loss"].astype(np.float32)), torch.from_numpy(f["checksum"].astype(np.int64)),
+                       int(f["seq_len"]), fingerprint, str(path))
 
     def write(self, path: str | Path) -> Path:
         """Save the table as ``path`` (.npz, the name kept exactly as given); returns the path."""
@@ -117,7 +119,7 @@ class ReferenceLossTable:
     @classmethod
     def of_pool(cls, module: torch.nn.Module, split: PackedSplit, batch_size: int, device: torch.device,
                 progress: bool = True) -> ReferenceLossTable:
-        """``module.per_sample_loss`` of every sample of the packed ``split`` (sample_id 0 … S−1), with its fingerprint."""
+        """``module.per_sample_loss`` of every sample of the packed ``split`` (ids 0 … S−1), with its fingerprint."""
         module = module.to(device).eval()
         loss = np.empty(len(split), dtype=np.float32)
         checksum = np.empty(len(split), dtype=np.int64)
@@ -134,7 +136,7 @@ class ReferenceLossTable:
     @classmethod
     def of_batches(cls, module: torch.nn.Module, batches: Iterable[Mapping[str, torch.Tensor]],
                    device: torch.device | str = "cpu", progress: bool = True) -> ReferenceLossTable:
-        """``module.per_sample_loss`` of every row of ``batches`` (dicts with ``sample_id`` [N] and ``input_ids`` [N, T]).
+        """``module.per_sample_loss`` of every row of ``batches``: dicts with ``sample_id`` [N], ``input_ids`` [N, T].
 
         Raises:
             ValueError: a batch lacks ``sample_id``, its rows differ in T, or a ``sample_id`` comes twice.
@@ -144,10 +146,12 @@ class ReferenceLossTable:
         with torch.no_grad():
             for batch in tqdm(batches, desc="reference losses", unit="batch", disable=not progress):
                 if not isinstance(batch.get("sample_id"), torch.Tensor):
-                    raise ValueError("a reference loss table is keyed by sample_id: every batch needs a sample_id tensor [N]")
+                    raise ValueError("a reference loss table is keyed by sample_id: every batch needs a sample_id "
+                                     "tensor [N]")
                 rows = {k: v.to(device) if isinstance(v, torch.Tensor) else v for k, v in batch.items()}
                 if seq_len not in (None, rows["input_ids"].shape[1]):
-                    raise ValueError(f"rows of {seq_len} and {rows['input_ids'].shape[1]} tokens: a table holds rows of one T")
+                    raise ValueError(f"rows of {seq_len} and {rows['input_ids'].shape[1]} tokens: a table holds "
+                                     "rows of one T")
                 seq_len = rows["input_ids"].shape[1]
                 ids.append(batch["sample_id"].long().cpu())
                 losses.append(per_sample_loss(module, rows).float().cpu())
@@ -195,5 +199,6 @@ class ReferenceLossTable:
                              "recompute it for this data")
         out = self.loss[pos]
         if not torch.isfinite(out).all():
-            raise ValueError(f"{self.path} has no finite loss for sample_id(s) {ids[~torch.isfinite(out)][:5].tolist()}")
+            missing = ids[~torch.isfinite(out)][:5].tolist()
+            raise ValueError(f"{self.path} has no finite loss for sample_id(s) {missing}")
         return out.to(batch["sample_id"].device)

@@ -122,7 +122,7 @@ class ProxySelection(SelectionCallback):
 
     # ---- what a method implements ----
     def create_proxies(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        """Add this method's models other than its reference with :meth:`add_proxy` (at train start; none by default)."""
+        """Add this method's models other than its reference with :meth:`add_proxy` (at train start; none here)."""
 
     def proxy_requirements(self, trainer: L.Trainer, pl_module: L.LightningModule, builds: bool) -> list[str]:
         """The needs of building this method's proxies (``builds``) and its reference (built: a proxy builder;
@@ -299,7 +299,8 @@ class ProxySelection(SelectionCallback):
 
 def _learner_vocab(pl_module: L.LightningModule) -> int | None:
     """The learner's vocabulary size: ``config.vocab_size`` or ``vocab_size`` (None: it declares neither)."""
-    for value in (getattr(getattr(pl_module, "config", None), "vocab_size", None), getattr(pl_module, "vocab_size", None)):
+    config = getattr(pl_module, "config", None)
+    for value in (getattr(config, "vocab_size", None), getattr(pl_module, "vocab_size", None)):
         if isinstance(value, int) and not isinstance(value, bool):
             return value
     return None

@@ -28,9 +28,9 @@ class ClassActSelection(ProxySelection):
       :class:`~selection_callbacks.scoring.reference.Reference`), or ``build_proxy(..., "reference")``
       pretrained at ``reference_lr_scale · proxy_lr`` for ``reference_steps`` steps of
       ``reference_batch_size`` target sequences before the first selection (``reference_steps=0``:
-      scored as an overridden ``build_proxy`` returns it). The online model (the actor) is a proxy trained at ``proxy_lr`` on the selected
-      rows (``online="proxy"``, as in the paper) or the learner itself (``online="learner"``, no
-      extra model; the score is then RHO-LOSS's).
+      scored as an overridden ``build_proxy`` returns it). The online model (the actor) is a proxy
+      trained at ``proxy_lr`` on the selected rows (``online="proxy"``, as in the paper) or the
+      learner itself (``online="learner"``, no extra model; the score is then RHO-LOSS's).
     - ``"report"``: two proxies of the same initial weights, trained on every micro-batch:
       the online one at ``proxy_lr`` on the K selected rows (it stands in for the learner, which
       trains on them), the reference at ``reference_lr_scale · proxy_lr`` on all N candidates.
