@@ -1,7 +1,7 @@
 """RHO-LOSS with its reference losses precomputed once per pool and seed (``rho_lookup`` in bench.harness.compare).
 
 The reference ``rho`` pretrains at the start of each run is built here instead, from the same
-method config, seed and target batches (:func:`~selection_callbacks.offline.reference_losses.pretrained_reference`),
+method config, seed and target batches (:func:`~selection_callbacks.scoring.reference.pretrained_reference`),
 its loss on every pool sequence is written to a table, and the run looks the losses up by
 ``sample_id`` (``reference_losses``): the same selections without the reference's forward on each
 step. The pretraining and the pool pass are a one-off cost, shared by every run on the pool with
@@ -20,7 +20,8 @@ import yaml
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RhoLossSelection
 from selection_callbacks.nn.gpt import GPTConfig
-from selection_callbacks.offline.reference_losses import pretrained_reference, reference_losses, write_loss_table
+from selection_callbacks.scoring.reference import pretrained_reference
+from selection_callbacks.scoring.reference_losses import ReferenceLossTable
 
 
 def rho_reference_table(pool: str, target: str, val: str, scale: Path, method_config: Path, seed: int, folder: Path,
@@ -41,7 +42,7 @@ def rho_reference_table(pool: str, target: str, val: str, scale: Path, method_co
     try:
         reference = pretrained_reference(dm, config, selector.reference_steps, selector.reference_batch_size,
                                          selector.reference_lr, seed)
-        loss = reference_losses(reference, dm.splits["pool"], 64, torch.device("cpu"), progress=False)
+        table = ReferenceLossTable.of_pool(reference, dm.splits["pool"], 64, torch.device("cpu"), progress=False)
     finally:
         torch.set_num_threads(previous)
-    return [("reference_losses", str(write_loss_table(loss, dm.splits["pool"], folder / "reference_losses.npz")))]
+    return [("reference_losses", str(table.write(folder / "reference_losses.npz")))]

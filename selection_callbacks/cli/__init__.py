@@ -35,7 +35,7 @@ TOOLS: dict[str, str] = {
     "select": "selection_callbacks.offline.select",
     "autodata": "selection_callbacks.offline.autodata.search",
     "ledger": "selection_callbacks.cli.ledger",
-    "reference-losses": "selection_callbacks.offline.reference_losses",
+    "reference-losses": "selection_callbacks.cli.reference_losses",
     "bench-proxy": "selection_callbacks.offline.bench_proxy",
     "corpus": "selection_callbacks.data.default_corpus",
     "packages": "selection_callbacks.data.package_corpus",

@@ -26,7 +26,7 @@ from selection_callbacks.scoring.losses import per_sample_loss, sequence_means, 
 
 __all__ = [
     "CausalLMProxy", "Proxy", "ProxyLM", "causal_lm_proxy_config", "check_reference_fits", "gpt_proxy_config",
-    "is_causal_lm_config", "padded_vocab", "pretrain_on_target", "seeded_proxy",
+    "is_causal_lm_config", "padded_vocab", "pretrain_on_target", "reference_context", "reference_vocab", "seeded_proxy",
 ]
 
 
@@ -141,15 +141,57 @@ def seeded_proxy(config: Any, seed: int, purpose: str) -> nn.Module:
         return ProxyLM(config) if isinstance(config, GPTConfig) else CausalLMProxy(config)
 
 
-def check_reference_fits(module: nn.Module, vocab_size: int | None, seq_len: int | None, what: str) -> None:
-    """A clear error when a GPT reference's vocabulary or context is smaller than the data's."""
+def reference_vocab(module: nn.Module) -> int | None:
+    """The vocabulary size a reference declares: ``module.vocab_size``, else ``module.config.vocab_size`` (or None)."""
+    for value in (getattr(module, "vocab_size", None), getattr(getattr(module, "config", None), "vocab_size", None)):
+        if isinstance(value, int) and not isinstance(value, bool):
+            return value
+    return None
+
+
+def reference_context(module: nn.Module) -> tuple[str, int] | None:
+    """The longest row a reference's config takes, with the field that says so (``block_size`` of a GPT,
+    ``max_position_embeddings`` of a transformers config); None when it declares neither."""
     config = getattr(module, "config", None)
-    if not isinstance(config, GPTConfig):
-        return
-    if vocab_size is not None and config.vocab_size < vocab_size:
-        raise ValueError(f"{what} has vocab_size={config.vocab_size}, the data has {vocab_size} token ids")
-    if seq_len is not None and config.block_size < seq_len:
-        raise ValueError(f"{what} has block_size={config.block_size}, shorter than data.seq_len={seq_len}")
+    if isinstance(config, GPTConfig):
+        return "block_size", config.block_size
+    value = getattr(config, "max_position_embeddings", None) if is_causal_lm_config(config) else None
+    return None if value is None else ("max_position_embeddings", int(value))
+
+
+def check_reference_fits(module: nn.Module, what: str, learner_vocab: int | None = None, data_vocab: int | None = None,
+                         seq_len: int | None = None, must_declare: bool = False) -> None:
+    """A clear error when a reference cannot score the learner's rows.
+
+    A reference scores the learner's token ids, so its vocabulary (:func:`reference_vocab`) must equal the
+    learner's, and hold every id of the data; its context (:func:`reference_context`) must hold ``seq_len``.
+
+    Args:
+        module: the reference's scoring module.
+        what: how errors name it (e.g. ``"reference 'ref.ckpt'"``).
+        learner_vocab: the learner's vocabulary size (None: unknown, not compared).
+        data_vocab: the number of token ids the data uses (None: unknown).
+        seq_len: the rows' length T (None: unknown).
+        must_declare: refuse a reference that declares no vocabulary while one of the sizes is known
+            (a given reference; one built by the method is compared only when it declares one).
+
+    Raises:
+        ValueError: a vocabulary other than the learner's, smaller than the data's, or undeclared
+            (``must_declare``), naming both sizes; a context shorter than ``seq_len``.
+    """
+    vocab, known = reference_vocab(module), learner_vocab if learner_vocab is not None else data_vocab
+    if vocab is None and known is not None and must_declare:
+        raise ValueError(f"{what} declares no vocabulary, so it cannot be checked against the learner's {known} "
+                         "token ids: give it a vocab_size attribute (or a config with vocab_size)")
+    if vocab is not None and learner_vocab is not None and vocab != learner_vocab:
+        raise ValueError(f"{what} has vocab_size={vocab} and the learner has vocab_size={learner_vocab}: a reference "
+                         "scores the learner's token ids, so it needs the learner's tokenizer and vocabulary; pass a "
+                         "reference trained with them")
+    if vocab is not None and data_vocab is not None and vocab < data_vocab:
+        raise ValueError(f"{what} has vocab_size={vocab}, the data has {data_vocab} token ids")
+    context = reference_context(module)
+    if context is not None and seq_len is not None and context[1] < seq_len:
+        raise ValueError(f"{what} has {context[0]}={context[1]}, shorter than data.seq_len={seq_len}")
 
 
 class Proxy:

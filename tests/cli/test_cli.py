@@ -53,7 +53,7 @@ OLD_RUNS = [
     (("selection_callbacks.offline.autodata", "search"), ("autodata", "search")),
     (("selection_callbacks.cli.ledger", "summary"), ("ledger", "summary")),
     (("selection_callbacks.cli.ledger", "export"), ("ledger", "export")),
-    (("selection_callbacks.offline.reference_losses",), ("reference-losses",)),
+    (("selection_callbacks.cli.reference_losses",), ("reference-losses",)),
     (("selection_callbacks.offline.bench_proxy",), ("bench-proxy",)),
     (("selection_callbacks.data.default_corpus",), ("corpus",)),
     (("selection_callbacks.data.default_corpus",), ("corpus",)),

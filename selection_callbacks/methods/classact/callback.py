@@ -7,6 +7,7 @@ from typing import Literal
 
 import lightning as L
 import torch
+import torch.nn as nn
 from typing_extensions import override
 
 from selection_callbacks.core.selection import SelectionRecord
@@ -21,12 +22,15 @@ class ClassActSelection(ProxySelection):
     by top-K or Gumbel-top-K at ``temperature`` (Evans et al. 2023, "Bad students make great
     teachers"; the LM adaptation of the data-selection report). Two variants:
 
-    - ``"paper"``: the reference is frozen and trained on the target split: a ``train.py``
-      checkpoint (``reference``), or a proxy pretrained at ``reference_lr_scale · proxy_lr`` for
-      ``reference_steps`` steps of ``reference_batch_size`` target sequences before the first
-      selection. The online model (the actor) is a proxy trained at ``proxy_lr`` on the selected
-      rows (``online="proxy"``, as in the paper) or the learner itself (``online="learner"``, no
-      extra model; the score is then RHO-LOSS's).
+    - ``"paper"``: the reference is frozen and trained on the target split: a trained model given
+      as ``reference`` (an ``nn.Module`` with the learner's vocabulary, a Hugging Face model folder or a
+      ``LitGPT``/``LitCausalLM`` checkpoint; a copy scores and it is never trained, see
+      :class:`~selection_callbacks.scoring.reference.Reference`), or ``build_proxy(..., "reference")``
+      pretrained at ``reference_lr_scale · proxy_lr`` for ``reference_steps`` steps of
+      ``reference_batch_size`` target sequences before the first selection (``reference_steps=0``:
+      scored as an overridden ``build_proxy`` returns it). The online model (the actor) is a proxy
+      trained at ``proxy_lr`` on the selected rows (``online="proxy"``, as in the paper) or the
+      learner itself (``online="learner"``, no extra model; the score is then RHO-LOSS's).
     - ``"report"``: two proxies of the same initial weights, trained on every micro-batch:
       the online one at ``proxy_lr`` on the K selected rows (it stands in for the learner, which
       trains on them), the reference at ``reference_lr_scale · proxy_lr`` on all N candidates.
@@ -53,8 +57,8 @@ class ClassActSelection(ProxySelection):
             target split needed).
         online: ``"proxy"`` (the actor) or ``"learner"``: set ``"learner"`` to skip the actor's cost
             when scoring with the learner's own loss is wanted; the report variant takes ``"proxy"`` only.
-        reference: paper variant: a reference checkpoint trained on the target split (see
-            :mod:`selection_callbacks.methods.rho.callback` for the command); None: pretrain one.
+        reference: paper variant: a reference trained on the target split, as an ``nn.Module``, a Hugging
+            Face model folder or a checkpoint (the RHO-LOSS method card has the command); None: pretrain one.
         reference_steps: paper variant without ``reference``: pretraining steps on the target split.
         reference_batch_size: target sequences per pretraining step.
         proxy_layers: layers of the proxies built here.
@@ -76,7 +80,7 @@ class ClassActSelection(ProxySelection):
         ratio: float = 0.5,
         variant: Literal["paper", "report"] = "paper",
         online: Literal["proxy", "learner"] = "proxy",
-        reference: str | None = None,
+        reference: str | nn.Module | None = None,
         reference_steps: int = 300,
         reference_batch_size: int = 16,
         proxy_layers: int = 2,
@@ -90,11 +94,6 @@ class ClassActSelection(ProxySelection):
         k: int | None = None,
         nonfinite: Literal["error", "lowest"] = "error",
     ) -> None:
-        super().__init__(
-            ratio=ratio, k=k, sampling=sampling, temperature=temperature, seed=seed, nonfinite=nonfinite,
-            proxy_layers=proxy_layers, proxy_width=proxy_width, proxy_heads=proxy_heads, reference=reference,
-            reference_steps=reference_steps, reference_batch_size=reference_batch_size,
-        )
         if variant not in ("paper", "report"):
             raise ValueError(f"variant must be 'paper' or 'report', got {variant!r}")
         if online not in ("proxy", "learner"):
@@ -103,13 +102,20 @@ class ClassActSelection(ProxySelection):
             raise ValueError(
                 "the report variant trains both proxies online: it takes neither online='learner' nor a reference"
             )
-        if variant == "paper" and reference is None and reference_steps == 0:
+        if variant == "paper" and reference is None and reference_steps == 0 and not self.builds_own_proxies:
             raise ValueError(
-                "ClassAct's paper variant needs a reference: reference=CKPT (train.py on the target split) or "
-                "reference_steps > 0 to pretrain one on the target split"
+                "ClassAct's paper variant needs a reference: reference= a trained nn.Module, a Hugging Face model "
+                "folder or a train.py checkpoint; reference_steps > 0 to pretrain one on the target split; or "
+                "reference_steps=0 with build_proxy() overridden to return a trained one"
             )
         if not (proxy_lr > 0 and reference_lr_scale > 0):
             raise ValueError(f"proxy_lr and reference_lr_scale must be > 0, got {proxy_lr}, {reference_lr_scale}")
+        super().__init__(
+            ratio=ratio, k=k, sampling=sampling, temperature=temperature, seed=seed, nonfinite=nonfinite,
+            proxy_layers=proxy_layers, proxy_width=proxy_width, proxy_heads=proxy_heads, reference=reference,
+            reference_steps=reference_steps, reference_batch_size=reference_batch_size,
+            reference_lr=proxy_lr * reference_lr_scale, uses_reference=variant == "paper",
+        )
         self.variant = variant
         self.online = online
         self.proxy_lr, self.reference_lr_scale = proxy_lr, reference_lr_scale
@@ -117,32 +123,28 @@ class ClassActSelection(ProxySelection):
 
     @override
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
-        own_reference = self.variant == "paper" and self.reference is None
         problems = needs_per_sample_loss(pl_module, type(self).__name__) if self.online == "learner" else []
-        return problems + self.proxy_requirements(
-            trainer, pl_module, builds=own_reference or self.online == "proxy", pretrains=own_reference)
+        return problems + self.proxy_requirements(trainer, pl_module, builds=self.online == "proxy")
 
     @override
     def create_proxies(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        reference_lr = self.proxy_lr * self.reference_lr_scale
         if self.variant == "report":  # same initial weights: the score is what the faster learner learned more
             self.add_proxy(trainer, pl_module, "online", self.build_proxy(trainer, pl_module, "proxy"), self.proxy_lr)
-            self.add_proxy(trainer, pl_module, "reference", self.build_proxy(trainer, pl_module, "proxy"), reference_lr)
-            return
-        self.add_reference(trainer, pl_module, reference_lr)
-        if self.online == "proxy":
+            self.add_proxy(trainer, pl_module, "reference", self.build_proxy(trainer, pl_module, "proxy"),
+                           self.reference_lr)
+        elif self.online == "proxy":
             self.add_proxy(trainer, pl_module, "online", self.build_proxy(trainer, pl_module, "online"), self.proxy_lr)
 
     @override
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:
-        if "reference" not in self.proxies:
-            raise RuntimeError("ClassActSelection builds its models in on_train_start: add it to the Trainer")
-        self.ensure_reference(trainer)
         if self.online == "proxy":
             online = self.proxies["online"].losses(batch)
         else:
             online = self.learner_losses(pl_module, batch)
-        reference = self.proxies["reference"].losses(batch)
+        if self.reference is not None:  # the paper variant's frozen reference
+            reference = self.reference.losses(batch)
+        else:  # the report variant's reference proxy, trained on every micro-batch
+            reference = self.proxies["reference"].losses(batch)
         self._mean_losses = (float(online.float().mean()), float(reference.float().mean()))
         return online.float() - reference.float()
 

@@ -51,9 +51,10 @@ def test_proxy_methods_select_with_proxies_of_the_learners_class(tiny_corpus, na
     trainer.fit(learner, datamodule=data)
     assert trainer.global_step == STEPS and selector.selections == STEPS
     assert selector.summary()["kept"] == STEPS * 4 and torch.isfinite(selector.last_scores).all()
-    assert set(selector.proxies) == ({"online", "reference"} if method == "classact" else {"reference"})
-    assert selector.proxies["reference"].frozen and selector.proxies["reference"].steps == 2
-    for proxy in selector.proxies.values():
+    assert set(selector.proxies) == ({"online"} if method == "classact" else set())
+    reference = selector.reference.proxy
+    assert selector.reference.kind == "built" and reference.frozen and reference.steps == 2
+    for proxy in [reference, *selector.proxies.values()]:
         module = proxy.module
         assert isinstance(module, CausalLMProxy) and type(module.model) is type(learner.model)
         config = module.config

@@ -62,7 +62,7 @@ def test_rho_loss_pretrains_a_smaller_llama_of_the_llama_learner(tiny_corpus) ->
     learner = _llama()
     selector = RhoLossSelection(ratio=0.5, reference_steps=3, reference_batch_size=4)
     trainer = _fit(tiny_corpus, selector, learner)
-    reference = selector.proxies["reference"]
+    reference = selector.reference.proxy
     _assert_small_llama(reference.module, selector, learner)
     assert reference.frozen and reference.steps == 3 and selector.selections == 2
     assert selector.summary()["cost"]["reference_pretrain_bwd"] == {"passes": 3, "tokens": 3 * 4 * SEQ_LEN}
@@ -77,8 +77,8 @@ def test_classact_actor_and_reference_are_smaller_llamas(tiny_corpus) -> None:
     learner = _llama()
     selector = ClassActSelection(ratio=0.5, reference_steps=2, reference_batch_size=4)
     _fit(tiny_corpus, selector, learner)
-    assert selector.online == "proxy" and set(selector.proxies) == {"online", "reference"}
-    for proxy in selector.proxies.values():
+    assert selector.online == "proxy" and set(selector.proxies) == {"online"}
+    for proxy in (selector.proxies["online"], selector.reference.proxy):
         _assert_small_llama(proxy.module, selector, learner)
     assert selector.proxies["online"].steps == 2  # the actor trained on each step's selected rows
 
@@ -107,7 +107,7 @@ def test_gpt_learner_keeps_the_plugins_gpt_proxy(tiny_corpus) -> None:
     settings = {"proxy_layers": 2, "proxy_width": 128, "proxy_heads": 4}  # RHO-LOSS's defaults
     assert cost_model.proxy_config(learner_config, settings) == config  # the benchmark's cost model counts these proxies
     built, seeded = selector.build_proxy(trainer, trainer.lightning_module, "reference"), seeded_proxy(config, 0, "reference")
-    assert isinstance(built, ProxyLM) and isinstance(selector.proxies["reference"].module, ProxyLM)
+    assert isinstance(built, ProxyLM) and isinstance(selector.reference.proxy.module, ProxyLM)
     for key, value in seeded.state_dict().items():
         torch.testing.assert_close(built.state_dict()[key], value, rtol=0, atol=0)
 

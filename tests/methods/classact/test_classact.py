@@ -80,7 +80,7 @@ def test_paper_variant_scores_where_the_math_says(trained: dict, sampling: str, 
     trainer.fit(copy.deepcopy(trained["learner"]), datamodule=dm)
     reference = load_reference(trained["ckpt"])
     assert_learnability_order(selector.last_record, dm.domain_names, trained["learner"], reference)
-    assert set(selector.proxies) == {"reference"} and selector.proxies["reference"].frozen
+    assert selector.proxies == {} and selector.reference.kind == "checkpoint" and selector.reference.ready
 
 
 def test_report_variant_trains_both_proxies_on_their_rows(tiny_corpus) -> None:
@@ -137,10 +137,14 @@ def test_resume_selects_the_same_ids(tiny_corpus, tmp_path: Path, kwargs: dict[s
     resumed = _fit(tiny_corpus, resumed_selector, steps=8, ckpt_path=str(tmp_path / "ckpt" / "epoch=0-step=3.ckpt"))
     assert resumed.ids == full.ids[3:]
     assert len({tuple(ids) for ids in full.ids}) == 8
-    for name, proxy in full_selector.proxies.items():
-        assert resumed_selector.proxies[name].steps == proxy.steps
+    pairs = [(proxy, resumed_selector.proxies[name]) for name, proxy in full_selector.proxies.items()]
+    if full_selector.reference is not None:  # the paper variant's frozen reference, pretrained before the checkpoint
+        pairs.append((full_selector.reference.proxy, resumed_selector.reference.proxy))
+        assert resumed_selector.reference.ready and resumed_selector.reference.proxy.steps == 3
+    for proxy, resumed_proxy in pairs:
+        assert resumed_proxy.steps == proxy.steps
         for key, value in proxy.module.state_dict().items():
-            torch.testing.assert_close(resumed_selector.proxies[name].module.state_dict()[key], value, rtol=0, atol=0)
+            torch.testing.assert_close(resumed_proxy.module.state_dict()[key], value, rtol=0, atol=0)
     assert resumed_selector.meter.total == full_selector.meter.total  # the reference was not pretrained again
     assert resumed_selector.selections == full_selector.selections == 8
 

@@ -18,8 +18,8 @@ from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.methods import RhoLossSelection
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.windows import score_windows
-from selection_callbacks.offline import reference_losses
-from selection_callbacks.offline.reference_losses import ReferenceLossTable
+from selection_callbacks.cli import reference_losses
+from selection_callbacks.scoring.reference_losses import ReferenceLossTable
 from selection_callbacks.scoring.proxy_models import ProxyLM
 from selection_callbacks.scoring.reference import load_reference
 from tests.support.learnability import SEQ_LEN, assert_learnability_order, trained_models
@@ -71,14 +71,18 @@ def test_precomputed_losses_match_the_checkpoint(trained: dict, tmp_path: Path, 
         _select(trained, RhoLossSelection(ratio=0.5, reference_losses=str(out)), seq_len=16)
     with pytest.raises(ValueError, match="made for another pool"):
         _select(trained, RhoLossSelection(ratio=0.5, reference_losses=str(out)), pool=trained["corpus"]["target"])
-    table = ReferenceLossTable(out)
+    table, rows = ReferenceLossTable.read(out), looked_up.batch
+    torch.testing.assert_close(table.lookup(rows), table.loss[rows["sample_id"]], rtol=0, atol=0)  # ids 0 … 214
     with pytest.raises(KeyError, match=r"sample_id\(s\) \[215\] are not in"):
-        table.lookup(torch.tensor([3, 215]))
-    with pytest.raises(FileNotFoundError, match="python -m selection_callbacks.offline.reference_losses"):
-        ReferenceLossTable(tmp_path / "missing.npz")
+        table.lookup({**rows, "sample_id": torch.where(rows["sample_id"] == rows["sample_id"][0], 215, rows["sample_id"])})
+    shuffled = {**rows, "input_ids": rows["input_ids"].roll(1, dims=0)}  # each id beside another row's tokens
+    with pytest.raises(ValueError, match=r"the rows of sample_id\(s\) .* hold other tokens"):
+        table.lookup(shuffled)
+    with pytest.raises(FileNotFoundError, match="selection-callbacks reference-losses"):
+        ReferenceLossTable.read(tmp_path / "missing.npz")
     np.savez(tmp_path / "other.npz", scores=np.zeros(3))
     with pytest.raises(ValueError, match="not a reference loss file"):
-        ReferenceLossTable(tmp_path / "other.npz")
+        ReferenceLossTable.read(tmp_path / "other.npz")
 
 
 def test_pretrained_reference_reads_only_target_batches(trained: dict) -> None:
@@ -96,7 +100,8 @@ def test_pretrained_reference_reads_only_target_batches(trained: dict) -> None:
         _select(trained, selector, steps=3)
     finally:
         PoolDataModule.target_batch = original  # type: ignore[method-assign]
-    reference = selector.proxies["reference"]
+    reference = selector.reference.proxy
+    assert selector.reference.kind == "built" and selector.reference.ready
     assert calls == [2] + [8] * 4 and reference.steps == 4 and reference.frozen  # the fit-start check's draw, then 4 steps'
     # pretraining, counted once and apart from the per-step passes: one scoring forward per step
     assert selector.meter.total["reference_pretrain_bwd"] == selector.meter.total["reference_pretrain_fwd"] == [4, 4 * 8 * SEQ_LEN]
