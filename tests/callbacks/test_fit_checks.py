@@ -382,3 +382,14 @@ def test_a_hugging_face_learner_without_its_config_is_named_when_proxies_fall_ba
             "RhoLossSelection builds its proxies as the plugin's GPT: Wrapped holds a Hugging Face LlamaForCausalLM at "
             "'model' but has no `config` of its own; set `self.config = self.model.config` in its __init__ to build "
             "them as LlamaConfig's architecture")
+
+
+@pytest.mark.parametrize("method", ["RandomSelection", "HighLossSelection", "OracleDomainSelection", "RhoLossSelection",
+                                    "ClassActSelection", "OPUSSelection", "GreatsSelection"])
+def test_every_method_takes_the_fit_options(method: str) -> None:
+    import selection_callbacks
+
+    selector = getattr(selection_callbacks, method)(strict_resume=True, short_superbatch="drop",
+                                                     per_sample_keys=["weight"], whole_batch_keys=["meta"])
+    assert (selector.strict_resume, selector.short_superbatch) == (True, "drop")
+    assert (selector.per_sample_keys, selector.whole_batch_keys) == (["weight"], ["meta"])

@@ -122,6 +122,8 @@ class GhostSelection(SelectionCallback):
         seed: selection seed (windows, proxy draws, sampling).
         k: keep exactly this many instead of ratio·N.
         nonfinite: see :class:`SelectionCallback`.
+        **fit_options: the base's fit options (``per_sample_keys``, ``whole_batch_keys``, ``strict_resume``,
+            ``short_superbatch``; :class:`~selection_callbacks.callbacks.base.SelectionCallback`).
     """
 
     supported_stack = SelectionCallback.FULL_STACK
@@ -147,9 +149,10 @@ class GhostSelection(SelectionCallback):
         seed: int = 0,
         k: int | None = None,
         nonfinite: str = "error",
+        **fit_options: Any,
     ) -> None:
         super().__init__(ratio=ratio, k=k, sampling="boltzmann", temperature=temperature, seed=seed, nonfinite=nonfinite,
-                         diagnostics_every=diagnostics_every)
+                         diagnostics_every=diagnostics_every, **fit_options)
         if proxy_batch_size < 1:
             raise ValueError(f"proxy_batch_size must be ≥ 1, got {proxy_batch_size}")
         if reliability and proxy_batch_size < 2:

@@ -75,6 +75,8 @@ class ProxySelection(SelectionCallback):
         reference_batch_size: target rows per such step.
         reference_lr: the AdamW learning rate of those steps.
         uses_reference: whether the subclass scores with a frozen reference (False: ``self.reference`` is None).
+        **fit_options: the base's fit options (``per_sample_keys``, ``whole_batch_keys``, ``strict_resume``,
+            ``short_superbatch``; :class:`~selection_callbacks.callbacks.base.SelectionCallback`).
 
     Raises:
         ValueError: a ``reference`` while ``uses_reference`` is False, or bad sizes.
@@ -97,11 +99,12 @@ class ProxySelection(SelectionCallback):
         reference_batch_size: int = 16,
         reference_lr: float = 2e-3,
         uses_reference: bool = True,
+        **fit_options: Any,
     ) -> None:
         if sampling not in ("top_k", "gumbel"):
             raise ValueError(f"{type(self).__name__} samples by 'top_k' or 'gumbel', got {sampling!r}")
         super().__init__(ratio=ratio, k=k, sampling=sampling, temperature=temperature, seed=seed, nonfinite=nonfinite,
-                         diagnostics_every=diagnostics_every)
+                         diagnostics_every=diagnostics_every, **fit_options)
         if min(proxy_layers, proxy_width, proxy_heads) < 1:
             raise ValueError("proxy_layers, proxy_width and proxy_heads must be ≥ 1")
         if reference_steps < 0 or reference_batch_size < 1:

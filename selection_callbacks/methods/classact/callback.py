@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from typing import Literal
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -71,6 +71,8 @@ class ClassActSelection(ProxySelection):
         seed: selection seed; also draws the proxies' initial weights and pretraining batches.
         k: keep exactly this many instead of ratio·N: set it to fix K whatever the superbatch size.
         nonfinite: see :class:`SelectionCallback`.
+        **fit_options: the base's fit options (``per_sample_keys``, ``whole_batch_keys``, ``strict_resume``,
+            ``short_superbatch``; :class:`~selection_callbacks.callbacks.base.SelectionCallback`).
     """
 
     supported_stack = ProxySelection.FULL_STACK
@@ -93,6 +95,7 @@ class ClassActSelection(ProxySelection):
         seed: int = 0,
         k: int | None = None,
         nonfinite: Literal["error", "lowest"] = "error",
+        **fit_options: Any,
     ) -> None:
         if variant not in ("paper", "report"):
             raise ValueError(f"variant must be 'paper' or 'report', got {variant!r}")
@@ -114,7 +117,7 @@ class ClassActSelection(ProxySelection):
             ratio=ratio, k=k, sampling=sampling, temperature=temperature, seed=seed, nonfinite=nonfinite,
             proxy_layers=proxy_layers, proxy_width=proxy_width, proxy_heads=proxy_heads, reference=reference,
             reference_steps=reference_steps, reference_batch_size=reference_batch_size,
-            reference_lr=proxy_lr * reference_lr_scale, uses_reference=variant == "paper",
+            reference_lr=proxy_lr * reference_lr_scale, uses_reference=variant == "paper", **fit_options,
         )
         self.variant = variant
         self.online = online

@@ -11,7 +11,7 @@ beside this file) has the commands that train and precompute one.
 from __future__ import annotations
 
 from collections.abc import MutableMapping
-from typing import Literal
+from typing import Any, Literal
 
 import lightning as L
 import torch
@@ -75,6 +75,8 @@ class RhoLossSelection(ProxySelection):
         seed: selection seed; also draws the built reference's initial weights and batches.
         k: keep exactly this many instead of ratio·N: set it to fix K whatever the superbatch size.
         nonfinite: see :class:`SelectionCallback`.
+        **fit_options: the base's fit options (``per_sample_keys``, ``whole_batch_keys``, ``strict_resume``,
+            ``short_superbatch``; :class:`~selection_callbacks.callbacks.base.SelectionCallback`).
 
     Raises:
         ValueError: both reference sources; neither with ``reference_steps`` = 0 and the default
@@ -100,6 +102,7 @@ class RhoLossSelection(ProxySelection):
         seed: int = 0,
         k: int | None = None,
         nonfinite: Literal["error", "lowest"] = "error",
+        **fit_options: Any,
     ) -> None:
         if reference is not None and reference_losses is not None:
             raise ValueError("give RhoLossSelection reference (a trained model) or reference_losses (a file), not both")
@@ -121,7 +124,7 @@ class RhoLossSelection(ProxySelection):
             ratio=ratio, k=k, sampling=sampling, temperature=temperature, seed=seed, nonfinite=nonfinite,
             proxy_layers=proxy_layers, proxy_width=proxy_width, proxy_heads=proxy_heads, reference=reference,
             reference_steps=reference_steps, reference_batch_size=reference_batch_size, reference_lr=reference_lr,
-            uses_reference=reference_losses is None,
+            uses_reference=reference_losses is None, **fit_options,
         )
         self.score_len = score_len
         self.reference_losses = reference_losses
