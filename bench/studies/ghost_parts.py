@@ -126,7 +126,7 @@ def install(clock: PartClock, selections: list[tuple[int, dict[str, float]]]) ->
         return out
 
     base.SelectionCallback.on_train_batch_start = selection
-    base.select = timed(clock, "sampling", base.select)
+    base.select_fit = timed(clock, "sampling", base.select_fit)
     ghost._eager_loss = timed(clock, "forward", ghost._eager_loss)
     ghost.score_windows = timed(clock, "windows", ghost.score_windows)
     ghost.GhostSelection._proxy_rows = timed(clock, "windows", ghost.GhostSelection._proxy_rows)

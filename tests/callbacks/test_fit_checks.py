@@ -176,7 +176,8 @@ def test_the_target_check_moves_no_row_a_method_draws_later(monkeypatch) -> None
         model = fit([selector], dm, steps=3)
         runs.append((dm.drawn, chosen, model.losses))
     (rows, chosen, losses), (rows_unchecked, chosen_unchecked, losses_unchecked) = runs
-    assert len(rows) == 3 and all(torch.equal(a, b) for a, b in zip(rows, rows_unchecked, strict=True))
+    # the capture pass's draw at fit start, then one per step
+    assert len(rows) == 4 and all(torch.equal(a, b) for a, b in zip(rows, rows_unchecked, strict=True))
     assert chosen == chosen_unchecked and losses == losses_unchecked
 
 
@@ -374,7 +375,7 @@ def test_a_hugging_face_learner_without_its_config_is_named_when_proxies_fall_ba
         warnings.simplefilter("always")
         fit([selector], MyData(), _llama(with_config), steps=1)
     named = [str(w.message) for w in caught if "builds its proxies as the plugin's GPT" in str(w.message)]
-    proxy = type(selector.proxies["reference"].module.config).__name__
+    proxy = type(selector.reference.proxy.module.config).__name__
     if with_config:
         assert named == [] and proxy == "LlamaConfig"
     else:

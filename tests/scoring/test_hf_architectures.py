@@ -76,7 +76,7 @@ def test_method_utilities_match_per_sample_gradients(name: str, method: str, opt
     opt = _trained(lit, optimizer)
     batch = _rows()
     G = per_sample_grads(lit.model, batch)
-    trainer = SimpleNamespace(precision_plugin=None, optimizers=[opt], accumulate_grad_batches=1)
+    trainer = SimpleNamespace(precision_plugin=None, optimizers=[opt], accumulate_grad_batches=1, world_size=1)
     for every_layer in (False, True):
         selection = METHODS[method](include_embedding=every_layer, include_head=every_layer, sketch_dim=0, reliability=False)
         selection.setup(trainer, lit, "fit")

@@ -24,6 +24,7 @@ from typing import Any
 
 import lightning as L
 from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.seed import isolate_rng
 import numpy as np
 import torch
 from typing_extensions import override
@@ -192,7 +193,10 @@ class GhostSelection(SelectionCallback):
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_fit_start(trainer, pl_module)
+        super().on_fit_start(trainer, pl_module)  # the target rows are checked before the capture pass draws them
+        problems = self._capture_problems(trainer, pl_module) if self.engine is not None else []
+        if problems:
+            raise ValueError(f"{type(self).__name__} cannot start:\n- " + "\n- ".join(problems))
         compiled = compiled_modules(pl_module)
         if compiled:
             shown = ", ".join(name or type(pl_module).__name__ for name in compiled[:4]) + (" …" if len(compiled) > 4 else "")
@@ -215,18 +219,17 @@ class GhostSelection(SelectionCallback):
                 "matrices, AdamW on the rest), give these parameters an optimizer group, or leave their layers out "
                 "with layers=[...]"
             )
-        if not problems and self.engine is not None:
-            problems += self._capture_problems(trainer, pl_module)
         return problems
 
     def _capture_problems(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
         """What keeps the engine from capturing every scored layer of the learner's wiring, found by one capture pass
         (no scoring) over the first selection's proxy rows on the eager modules, under the Trainer's precision; the
-        global RNG is restored after it, so the run's dropout and selections do not move."""
-        rows = self._proxy_rows(trainer, 0, pl_module.device)
-        cuda = [pl_module.device] if pl_module.device.type == "cuda" else []
-        with torch.random.fork_rng(devices=cuda), trainer.precision_plugin.train_step_context():
-            return self.engine.capture_problems(lambda b: _eager_loss(pl_module, b), rows)
+        global RNGs (torch, numpy, Python) are restored after the draw and the pass, so the run's dropout, target rows
+        and selections do not move."""
+        with isolate_rng():
+            rows = self._proxy_rows(trainer, 0, pl_module.device)
+            with trainer.precision_plugin.train_step_context():
+                return self.engine.capture_problems(lambda b: _eager_loss(pl_module, b), rows)
 
     def _load_proxy(self, dm: object) -> PackedSplit:
         """The proxy file packed in score_len windows with the training data's own tokenizer.
