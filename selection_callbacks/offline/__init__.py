@@ -1,14 +1,13 @@
 """Offline selectors: pool → subset file.
 
 Selectors: ``dsir``, ``warmup_delta``, ``policy``, ``datamask``, ``autodata`` (a package: recipe
-search), and ``oracle`` (the labelled ceiling: the target's domains first). Shared pieces: ``corpus``
-(documents, budget rule), ``features`` (the feature bank), ``quality`` (per-document quality scores),
-``proxy_train`` and ``proxy_reward`` (train a proxy GPT on a subset, score it on the target),
-``embeddings``, ``summary`` (what a subset holds); ``select`` runs any selector, ``sharded`` runs the
+search), and ``oracle`` (the labelled ceiling: the target's domains first). ``common`` holds what
+they share (documents and the budget rule, the feature bank, quality scores, embeddings, the proxy
+GPT's training and rewards, a selection's record); ``select`` runs any selector, ``sharded`` runs the
 per-document stages on Ray; ``bench_proxy`` and ``reference_losses`` build inputs for the online methods.
 """
 
 __all__ = [
-    "autodata", "bench_proxy", "corpus", "datamask", "dsir", "embeddings", "features", "oracle", "policy", "proxy_reward",
-    "proxy_train", "quality", "reference_losses", "select", "sharded", "summary", "warmup_delta",
+    "autodata", "bench_proxy", "common", "datamask", "dsir", "oracle", "policy", "reference_losses", "select",
+    "sharded", "warmup_delta",
 ]

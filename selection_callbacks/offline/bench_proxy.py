@@ -22,7 +22,7 @@ import numpy as np
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.data.readers import Document, iter_documents
-from selection_callbacks.offline.embeddings import Embedder, make_embedder
+from selection_callbacks.offline.common.embeddings import Embedder, make_embedder
 
 
 def max_cosine(pool: np.ndarray, target: np.ndarray, chunk: int = 4096) -> np.ndarray:

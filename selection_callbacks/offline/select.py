@@ -30,13 +30,13 @@ from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.core.arguments import add_pool_arguments, command_parser
 from selection_callbacks.offline.autodata.search import AutoDataConfig, select_autodata
-from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
+from selection_callbacks.offline.common.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
 from selection_callbacks.offline.datamask import DatamaskConfig, select_datamask
 from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
 from selection_callbacks.offline.oracle import OracleConfig, select_oracle
 from selection_callbacks.offline.policy import PolicyConfig, select_policy
 from selection_callbacks.offline.sharded.select import ENGINES, SHARDED_METHODS, EngineConfig, run_sharded_selection
-from selection_callbacks.offline.summary import SelectionRun, write_selection
+from selection_callbacks.offline.common.summary import SelectionRun, write_selection
 from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, select_warmup_delta
 
 @dataclass(frozen=True)

@@ -19,8 +19,8 @@ from selection_callbacks.offline.autodata.search import SearchConfig, Search, Tr
 from selection_callbacks.offline.autodata.proposers import (
     EvolutionProposer, RandomProposer, Ridge, SubsetProfile, canonical, mutate, noise_aware_scores, random_recipe,
 )
-from selection_callbacks.offline.corpus import Budget, load_corpus
-from selection_callbacks.offline.features import feature_bank
+from selection_callbacks.offline.common.corpus import Budget, load_corpus
+from selection_callbacks.offline.common.features import feature_bank
 from selection_callbacks.offline.autodata.recipe import FEATURES, feature_table, load_recipe, validate_recipe
 from selection_callbacks.offline.select import SELECTORS, run_selection
 from tests.offline.test_offline_features import TINY_BANK, TINY_PROXY

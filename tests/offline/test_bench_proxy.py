@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from selection_callbacks.offline import bench_proxy as bp
-from selection_callbacks.offline.embeddings import HashedNgramEmbedder, make_embedder
+from selection_callbacks.offline.common.embeddings import HashedNgramEmbedder, make_embedder
 
 
 def test_hashed_embeddings_are_unit_and_stable() -> None:

@@ -10,11 +10,11 @@ import torch
 import torch.nn.functional as F
 
 from selection_callbacks.core.costs import StageCosts
-from selection_callbacks.offline import features as features_mod
-from selection_callbacks.offline.corpus import Budget, SelectionError, gumbel_order, load_corpus
+from selection_callbacks.offline.common import features as features_mod
+from selection_callbacks.offline.common.corpus import Budget, SelectionError, gumbel_order, load_corpus
 from selection_callbacks.offline.dsir import DSIRConfig
-from selection_callbacks.offline.features import FeatureConfig, distinct_ratio, feature_bank, kmeans, standardise
-from selection_callbacks.offline.proxy_train import (
+from selection_callbacks.offline.common.features import FeatureConfig, distinct_ratio, feature_bank, kmeans, standardise
+from selection_callbacks.offline.common.proxy_train import (
     BOS,
     ProxyConfig,
     pack_documents,
@@ -202,7 +202,7 @@ def test_minilm_embedder_loads_offline_and_embeds() -> None:
     """The ``embed`` extra (installed by the Makefile, so CI tests it): MiniLM from its package, no download."""
     import os
 
-    from selection_callbacks.offline.embeddings import MiniLMEmbedder, make_embedder
+    from selection_callbacks.offline.common.embeddings import MiniLMEmbedder, make_embedder
 
     os.environ["HF_HUB_OFFLINE"] = "1"
     embedder = make_embedder("minilm")

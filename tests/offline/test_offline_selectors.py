@@ -15,9 +15,9 @@ import torch
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.data.subset import read_subset
 from selection_callbacks.offline import warmup_delta as warmup_delta_mod
-from selection_callbacks.offline.corpus import Budget, SelectionError, load_corpus
+from selection_callbacks.offline.common.corpus import Budget, SelectionError, load_corpus
 from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
-from selection_callbacks.offline.features import FeatureBank
+from selection_callbacks.offline.common.features import FeatureBank
 from selection_callbacks.offline.policy import PolicyConfig, learn_policy, plackett_luce_log_prob, select_policy
 from selection_callbacks.offline.select import SELECTORS, main, run_selection
 from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, delta_order, select_warmup_delta

@@ -22,8 +22,8 @@ from selection_callbacks.offline.autodata.recipe import (
 )
 from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
 from selection_callbacks.offline.autodata.search import Search, TrialStore, build_parser
-from selection_callbacks.offline.corpus import Budget
-from selection_callbacks.offline.features import feature_bank
+from selection_callbacks.offline.common.corpus import Budget
+from selection_callbacks.offline.common.features import feature_bank
 from tests.offline.test_autodata import GOOD, TINY_SEARCH, Scripted, budget_of, corpora  # noqa: F401 - corpora: fixture
 from tests.offline.test_offline_features import TINY_BANK
 

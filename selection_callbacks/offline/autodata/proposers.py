@@ -29,7 +29,7 @@ import numpy as np
 
 from selection_callbacks.offline.autodata import recipe as recipe_module
 from selection_callbacks.offline.autodata.agent_io import ProposalError, parse_recipe, run_agent
-from selection_callbacks.offline.corpus import Budget
+from selection_callbacks.offline.common.corpus import Budget
 from selection_callbacks.offline.autodata.recipe import (
     CATEGORICAL, FEATURES, PRESET_DIR, RULE_DEFAULTS, RULES, FeatureTable, RecipeError, apply_recipe_inline,
     load_recipe, robust_tanh_z, validate_recipe,

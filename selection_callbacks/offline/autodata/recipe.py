@@ -58,8 +58,8 @@ import numpy as np
 
 from selection_callbacks.core.sampling import gumbel_keys, gumbel_order
 from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
-from selection_callbacks.offline.corpus import Budget, Corpus
-from selection_callbacks.offline.features import NGRAM_ORDERS, NUMERIC_FEATURES, FeatureBank
+from selection_callbacks.offline.common.corpus import Budget, Corpus
+from selection_callbacks.offline.common.features import NGRAM_ORDERS, NUMERIC_FEATURES, FeatureBank
 
 __all__ = [
     "CATEGORICAL", "DERIVED_FEATURES", "EPS", "FEATURES", "FeatureTable", "GATE_KEYS", "PRESET_DIR", "RECIPE_KEYS",

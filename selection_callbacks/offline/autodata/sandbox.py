@@ -35,7 +35,7 @@ from selection_callbacks.offline.autodata import sandbox_guard
 from selection_callbacks.offline.autodata.capped import OutputTooLarge, run_capped
 from selection_callbacks.offline.autodata.recipe import FeatureTable, RecipeError, check_subset
 from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
-from selection_callbacks.offline.corpus import Budget
+from selection_callbacks.offline.common.corpus import Budget
 
 __all__ = ["MESSAGE_CHARS", "SandboxLimits", "missing_mechanisms", "run_code", "truncate"]
 

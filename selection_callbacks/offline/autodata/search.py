@@ -50,10 +50,10 @@ from selection_callbacks.offline.autodata import recipe as recipe_module
 from selection_callbacks.offline.autodata.proposers import ProposalError, Proposer, SubsetProfile, make_proposer
 from selection_callbacks.offline.autodata.report import write_report
 from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
-from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
-from selection_callbacks.offline.features import FeatureConfig, feature_bank
-from selection_callbacks.offline.proxy_reward import ProxyReward
-from selection_callbacks.offline.proxy_train import ProxyConfig
+from selection_callbacks.offline.common.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
+from selection_callbacks.offline.common.features import FeatureConfig, feature_bank
+from selection_callbacks.offline.common.proxy_reward import ProxyReward
+from selection_callbacks.offline.common.proxy_train import ProxyConfig
 from selection_callbacks.offline.autodata.recipe import (
     FeatureTable, RecipeError, feature_table, load_recipe, recipe_features, run_recipe, validate_recipe,
 )

@@ -48,10 +48,10 @@ from selection_callbacks.core.costs import StageCosts
 from selection_callbacks.core.io import atomic_path
 from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.readers import source_files
-from selection_callbacks.offline.corpus import Corpus
+from selection_callbacks.offline.common.corpus import Corpus
 from selection_callbacks.offline.dsir import DSIRConfig, log_importance
-from selection_callbacks.offline.embeddings import make_embedder
-from selection_callbacks.offline.proxy_train import ProxyConfig, pack_documents, train_proxy
+from selection_callbacks.offline.common.embeddings import make_embedder
+from selection_callbacks.offline.common.proxy_train import ProxyConfig, pack_documents, train_proxy
 
 FEATURE_VERSION = 3
 DEFAULT_PROXY_TOKENS = 8_000_000
