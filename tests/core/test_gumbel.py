@@ -10,7 +10,7 @@ import torch
 
 from selection_callbacks.core import sampling
 from selection_callbacks.core.sampling import GumbelTopK, SequentialBoltzmann, gumbel_keys, gumbel_noise, gumbel_order
-from selection_callbacks.offline import datamask
+from selection_callbacks.offline.datamask import selector as datamask
 from selection_callbacks.offline.common import corpus
 from selection_callbacks.offline.autodata.recipe import FEATURES, FeatureTable, rule_order, validate_recipe
 

@@ -12,7 +12,7 @@ import torch.nn.functional as F
 from selection_callbacks.core.costs import StageCosts
 from selection_callbacks.offline.common import features as features_mod
 from selection_callbacks.offline.common.corpus import Budget, SelectionError, gumbel_order, load_corpus
-from selection_callbacks.offline.dsir import DSIRConfig
+from selection_callbacks.offline.dsir.selector import DSIRConfig
 from selection_callbacks.offline.common.features import FeatureConfig, distinct_ratio, feature_bank, kmeans, standardise
 from selection_callbacks.offline.common.proxy_train import (
     BOS,

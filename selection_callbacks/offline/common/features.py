@@ -31,7 +31,7 @@ The proxy's cost is bounded by ``proxy_tokens`` (training) and ``score_tokens`` 
 (scoring, forward only), not by the pool's size. The default budget, 8M tokens (1,954 steps of
 32 × 128), is one full pass on pools up to 8M tokens and a sample of every document's prefix
 beyond; lower it to bound the bank's cost on a larger pool, knowing warmup delta's ranking moves
-with it (:mod:`selection_callbacks.offline.warmup_delta`).
+with it (:mod:`selection_callbacks.offline.warmup_delta.selector`).
 """
 
 from __future__ import annotations
@@ -49,7 +49,7 @@ from selection_callbacks.core.io import atomic_path
 from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.readers import source_files
 from selection_callbacks.offline.common.corpus import Corpus
-from selection_callbacks.offline.dsir import DSIRConfig, log_importance
+from selection_callbacks.offline.dsir.selector import DSIRConfig, log_importance
 from selection_callbacks.offline.common.embeddings import make_embedder
 from selection_callbacks.offline.common.proxy_train import ProxyConfig, pack_documents, train_proxy
 

@@ -20,7 +20,7 @@ import numpy as np
 from selection_callbacks.core.costs import StageCosts
 from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.offline.common.corpus import Corpus, SelectionError
-from selection_callbacks.offline.dsir import DSIRConfig, bucket_log_ratio, target_bucket_counts
+from selection_callbacks.offline.dsir.selector import DSIRConfig, bucket_log_ratio, target_bucket_counts
 from selection_callbacks.offline.common.features import (
     NUMERIC_FEATURES, FeatureBank, FeatureConfig, byte_log_probs, kmeans, prefix_quota, proxy_features,
 )

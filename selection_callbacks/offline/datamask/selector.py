@@ -43,7 +43,6 @@ from selection_callbacks.offline.common.quality import bank_quality, heuristic_q
 __all__ = [
     "DIVERSITIES", "DatamaskConfig", "DatamaskResult", "datamask", "gumbel_top_s",
     "mask_selection", "mask_sums", "pairwise_diversity", "plackett_luce_grad", "select_datamask",
-    "text_heuristics",
 ]
 
 DIVERSITIES = ("pairwise", "facility")
