@@ -4,10 +4,10 @@ Selectors: ``dsir``, ``warmup_delta``, ``policy``, ``datamask``, ``autodata`` (a
 search), and ``oracle`` (the labelled ceiling: the target's domains first). ``common`` holds what
 they share (documents and the budget rule, the feature bank, quality scores, embeddings, the proxy
 GPT's training and rewards, a selection's record); ``select`` runs any selector, ``sharded`` runs the
-per-document stages on Ray; ``bench_proxy`` and ``reference_losses`` build inputs for the online methods.
+per-document stages on Ray; ``bench_docs`` and ``reference_losses`` build inputs for the online methods.
 """
 
 __all__ = [
-    "autodata", "bench_proxy", "common", "datamask", "dsir", "oracle", "policy", "reference_losses", "select",
+    "autodata", "bench_docs", "common", "datamask", "dsir", "oracle", "policy", "reference_losses", "select",
     "sharded", "warmup_delta",
 ]
