@@ -280,10 +280,10 @@ def proxy_features(
         lengths = np.asarray(pool.n_tokens, dtype=np.int64)
         quota = prefix_quota(lengths, cfg.proxy_tokens)
         cap = cfg.score_tokens
-        score_on = pack_documents(docs if cap is None else [d[:cap] for d in docs], T)
-        train = pack_documents([d[:quota] for d in docs], T)
+        score_on = pack_documents(docs if cap is None else [d[:cap] for d in docs], T, pool.tokenizer)
+        train = pack_documents([d[:quota] for d in docs], T, pool.tokenizer)
         del docs
-        align_with = pack_documents([target.tokens(i) for i in range(len(target))], T)
+        align_with = pack_documents([target.tokens(i) for i in range(len(target))], T, target.tokenizer)
     with costs.stage("proxy"):
         run = train_proxy(
             train, cfg.proxy, cfg.seed, None, checkpoints=(cfg.early_fraction, 1.0), score_on=score_on,

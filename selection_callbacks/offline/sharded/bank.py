@@ -74,13 +74,14 @@ def sharded_embeddings(engine: ShardedEngine, shards: PoolShards, embedder: str)
 class TokenPrefixes:
     """The first ``keep`` ByteTokenizer tokens of every pool document, read shard by shard (what the proxy reads).
 
-    ``len`` and ``tokens(i)`` as :class:`Corpus` has them; ``n_tokens`` are the documents' full lengths.
+    ``len``, ``tokens(i)`` and ``tokenizer`` as :class:`Corpus` has them; ``n_tokens`` are the documents' full
+    lengths.
     """
 
     def __init__(self, shards: PoolShards, n_tokens: np.ndarray, keep: int) -> None:
-        tok = ByteTokenizer()
+        self.tokenizer = ByteTokenizer()
         self.n_tokens = n_tokens
-        self._docs = [tok.encode_document(t)[:keep] for k in range(len(shards)) for t in shards.texts(k)]
+        self._docs = [self.tokenizer.encode_document(t)[:keep] for k in range(len(shards)) for t in shards.texts(k)]
 
     def __len__(self) -> int:
         return len(self._docs)
