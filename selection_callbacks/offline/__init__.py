@@ -1,10 +1,12 @@
 """Offline selectors: pool → subset file.
 
-Selectors: ``dsir``, ``warmup_delta``, ``policy``, ``datamask``, ``autodata`` (a package: recipe
-search), and ``oracle`` (the labelled ceiling: the target's domains first). ``common`` holds what
-they share (documents and the budget rule, the feature bank, quality scores, embeddings, the proxy
-GPT's training and rewards, a selection's record); ``select`` runs any selector, ``sharded`` runs the
-per-document stages on Ray; ``bench_docs`` and ``reference_losses`` build inputs for the online methods.
+One subpackage per selector, its ``selector`` module beside its card ``README.md``: ``dsir``,
+``warmup_delta``, ``policy``, ``datamask``, ``oracle`` (the labelled ceiling: the target's domains
+first) and ``autodata`` (recipe search; its code recipes run in ``autodata.sandbox``). ``common`` holds
+what they share: documents and the budget rule, the feature bank (whose ``dsir`` column is DSIR's),
+quality scores, embeddings, the proxy GPT's training and rewards, a selection's record. ``select`` runs
+any selector, ``sharded`` runs the per-document stages on Ray; ``bench_docs`` (Bench-Docs: the pool
+documents nearest a benchmark) and ``reference_losses`` build inputs for the online methods.
 """
 
 __all__ = [
