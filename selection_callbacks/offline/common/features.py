@@ -49,9 +49,9 @@ from selection_callbacks.core.io import atomic_path
 from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.readers import source_files
 from selection_callbacks.offline.common.corpus import Corpus
-from selection_callbacks.offline.dsir.selector import DSIRConfig, log_importance
 from selection_callbacks.offline.common.embeddings import make_embedder
 from selection_callbacks.offline.common.proxy_train import ProxyConfig, pack_documents, train_proxy
+from selection_callbacks.offline.dsir.selector import DSIRConfig, log_importance
 
 FEATURE_VERSION = 3
 DEFAULT_PROXY_TOKENS = 8_000_000
