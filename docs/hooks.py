@@ -1,7 +1,8 @@
 """MkDocs hooks: the site's generated pages and the repository links of every page.
 
-- ``methods/<name>.md``: each online method's card, read from ``selection_callbacks/methods/<name>/README.md``
-  (the card is written once, beside its code, and shown on GitHub and in the site alike);
+- ``methods/<name>.md``: each online method's card, read from ``selection_callbacks/methods/<name>/README.md``,
+  and ``offline/<name>.md``: each offline selector's, from ``selection_callbacks/offline/<name>/README.md``
+  (a card is written once, beside its code, and shown on GitHub and in the site alike);
 - ``benchmarks/<comparison>.md`` and ``.png``: per cited comparison, a table of its methods (final val bpb,
   Δ against random with the 95% paired-t interval, p, share of the oracle's gain) and a plot of val bpb
   against update tokens (the seeds' mean per method), both computed from its committed ``results.json``,
@@ -30,6 +31,7 @@ from mkdocs.structure.files import File
 
 ROOT = Path(__file__).resolve().parent.parent
 CARDS = ("random", "high_loss", "oracle", "rho", "classact", "opus", "greats")
+OFFLINE_CARDS = ("dsir", "warmup_delta", "policy", "datamask", "autodata", "oracle")
 COMPARISONS = (
     "default-adamw", "default-adamw-5seeds", "default-adamw-rescaled", "default-muon", "default-muon-5seeds",
     "packages-adamw", "packages-adamw-5seeds", "packages-muon-5seeds", "llama-adamw", "default-adamw-bpe4k",
@@ -51,10 +53,11 @@ def method_table():
 
 
 def on_files(files, config):
-    for name in CARDS:
-        source = f"selection_callbacks/methods/{name}/README.md"
-        files.append(File.generated(config, f"methods/{name}.md", content=(ROOT / source).read_text()))
-        SOURCES[f"methods/{name}.md"] = source
+    cards = [("methods", name) for name in CARDS] + [("offline", name) for name in OFFLINE_CARDS]
+    for kind, name in cards:
+        source = f"selection_callbacks/{kind}/{name}/README.md"
+        files.append(File.generated(config, f"{kind}/{name}.md", content=(ROOT / source).read_text()))
+        SOURCES[f"{kind}/{name}.md"] = source
     table = method_table()
     for name in COMPARISONS:
         results = json.loads((ROOT / "bench" / "results" / name / "results.json").read_text())
@@ -158,9 +161,9 @@ def site_page(repo: str, files) -> str | None:
     """The site page that shows repository file ``repo``, or None."""
     if repo.startswith("docs/") and files.get_file_from_path(repo[len("docs/"):]) is not None:
         return repo[len("docs/"):]
-    card = re.fullmatch(r"selection_callbacks/methods/(\w+)(?:/README\.md)?", repo)
-    if card and card.group(1) in CARDS:
-        return f"methods/{card.group(1)}.md"
+    card = re.fullmatch(r"selection_callbacks/(methods|offline)/(\w+)(?:/README\.md)?", repo)
+    if card and card.group(2) in (CARDS if card.group(1) == "methods" else OFFLINE_CARDS):
+        return f"{card.group(1)}/{card.group(2)}.md"
     comparison = re.fullmatch(r"bench/results/([\w.-]+)(?:/(?:README|report)\.md)?", repo)
     if comparison and comparison.group(1) in COMPARISONS:
         return f"benchmarks/{comparison.group(1)}.md"

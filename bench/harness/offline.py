@@ -16,8 +16,8 @@ from typing import Any
 
 import yaml
 
-from selection_callbacks.offline.corpus import Budget, SelectionError
-from selection_callbacks.offline.features import FEATURE_VERSION
+from selection_callbacks.offline.common.corpus import Budget, SelectionError
+from selection_callbacks.offline.common.features import FEATURE_VERSION
 from selection_callbacks.offline.select import SELECTORS, run_selection
 
 

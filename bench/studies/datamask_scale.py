@@ -26,7 +26,7 @@ import numpy as np
 from jsonargparse import ArgumentParser
 
 from bench.harness.report import write_json
-from selection_callbacks.offline.datamask import datamask
+from selection_callbacks.offline.datamask.selector import datamask
 
 
 def synthetic(

@@ -20,9 +20,9 @@ import numpy as np
 from jsonargparse import ArgumentParser
 
 from bench.harness.report import write_json
-from selection_callbacks.offline.corpus import Budget, load_corpus
-from selection_callbacks.offline.features import FeatureConfig, compute_features
-from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, delta_order
+from selection_callbacks.offline.common.corpus import Budget, load_corpus
+from selection_callbacks.offline.common.features import FeatureConfig, compute_features
+from selection_callbacks.offline.warmup_delta.selector import WarmupDeltaConfig, delta_order
 
 COLUMNS = ("delta", "loss_final", "grad_align")
 

@@ -26,8 +26,8 @@ from selection_callbacks.data.corpus_docs import SPLIT_FILES
 from selection_callbacks.data.default_corpus import build_default_corpus
 from selection_callbacks.data.readers import iter_documents
 from selection_callbacks.data.resampled_pool import resample_pool
-from selection_callbacks.offline.corpus import Budget
-from selection_callbacks.offline.dsir import DSIRConfig
+from selection_callbacks.offline.common.corpus import Budget
+from selection_callbacks.offline.dsir.selector import DSIRConfig
 from selection_callbacks.offline.sharded.select import EngineConfig, run_sharded_selection
 
 CHUNK_MB = 32.0

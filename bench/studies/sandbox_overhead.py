@@ -17,8 +17,9 @@ import time
 
 import numpy as np
 
-from selection_callbacks.offline.autodata.recipe import CATEGORICAL, FEATURES, FeatureTable, load_recipe, run_recipe
-from selection_callbacks.offline.corpus import Budget, load_corpus
+from selection_callbacks.offline.autodata.evaluation import FeatureTable, run_recipe
+from selection_callbacks.offline.autodata.schema import CATEGORICAL, FEATURES, load_recipe
+from selection_callbacks.offline.common.corpus import Budget, load_corpus
 
 CODE = ("import numpy as np\ndef select(table, n_tokens, budget, rng):\n"
         "    return budget.take(np.argsort(-table['dsir'], kind='stable'), n_tokens)\n")

@@ -5,7 +5,7 @@
     selection-callbacks autodata search|report|schema ...
     selection-callbacks ledger summary|export RUN_DIR ...
     selection-callbacks reference-losses --ckpt REF.ckpt --pool POOL --seq-len T --out FILE.npz
-    selection-callbacks bench-proxy --pool POOL --target TARGET --budget-tokens B --out PROXY.jsonl
+    selection-callbacks bench-docs --pool POOL --target TARGET --budget-tokens B --out DOCS.jsonl
     selection-callbacks corpus --out data/default
     selection-callbacks packages --out data/packages
     selection-callbacks debian --out data/debian
@@ -36,7 +36,7 @@ TOOLS: dict[str, str] = {
     "autodata": "selection_callbacks.offline.autodata.search",
     "ledger": "selection_callbacks.cli.ledger",
     "reference-losses": "selection_callbacks.cli.reference_losses",
-    "bench-proxy": "selection_callbacks.offline.bench_proxy",
+    "bench-docs": "selection_callbacks.offline.bench_docs",
     "corpus": "selection_callbacks.data.default_corpus",
     "packages": "selection_callbacks.data.package_corpus",
     "debian": "selection_callbacks.data.debian_corpus",

@@ -1,15 +1,16 @@
 """Offline selectors: pool → subset file.
 
-Selectors: ``dsir``, ``warmup_delta``, ``policy``, ``datamask``, ``autodata`` (a package: recipe
-search), and ``oracle`` (the labelled ceiling: the target's domains first). Shared pieces: ``corpus``
-(documents, budget rule), ``features`` (the feature bank), ``quality`` (per-document quality scores),
-``proxy_train`` and ``proxy_reward`` (train a proxy GPT on a subset, score it on the target),
-``embeddings``, ``summary`` (what a subset holds); ``select`` runs any selector, ``sharded`` runs the
-per-document stages on Ray; ``bench_proxy`` builds an input for the online methods (RHO-LOSS's reference
-loss table is ``selection_callbacks.scoring.reference_losses``).
+One subpackage per selector, its ``selector`` module beside its card ``README.md``: ``dsir``,
+``warmup_delta``, ``policy``, ``datamask``, ``oracle`` (the labelled ceiling: the target's domains
+first) and ``autodata`` (recipe search; its code recipes run in ``autodata.sandbox``). ``common`` holds
+what they share: documents and the budget rule, the feature bank (whose ``dsir`` column is DSIR's),
+quality scores, embeddings, the proxy GPT's training and rewards, a selection's record. ``select`` runs
+any selector, ``sharded`` runs the per-document stages on Ray; ``bench_docs`` (Bench-Docs: the pool
+documents nearest a benchmark) builds an input for the online methods (RHO-LOSS's reference loss table is
+``selection_callbacks.scoring.reference_losses``).
 """
 
 __all__ = [
-    "autodata", "bench_proxy", "corpus", "datamask", "dsir", "embeddings", "features", "oracle", "policy", "proxy_reward",
-    "proxy_train", "quality", "select", "sharded", "summary", "warmup_delta",
+    "autodata", "bench_docs", "common", "datamask", "dsir", "oracle", "policy", "select",
+    "sharded", "warmup_delta",
 ]

@@ -13,9 +13,10 @@ top-ranked documents holding ≥ B ByteTokenizer tokens (UTF-8 bytes + 1 per doc
 chosen (domain composition, length quantiles), the settings, the method's details and the seconds,
 and the same summary is printed. Selectors read the pool and the *target* split, never val.
 
-Adding a selector: write ``fn(pool: Corpus, target: Corpus, budget: Budget, seed: int, config,
-progress: bool) -> Selection`` with a dataclass ``config`` (its documented fields become the
-method's options) and add ``Selector(config, fn, help)`` to :data:`SELECTORS`.
+Adding a selector: a folder ``offline/<name>/`` with ``selector.py`` holding ``fn(pool: Corpus,
+target: Corpus, budget: Budget, seed: int, config, progress: bool) -> Selection`` and its dataclass
+``config`` (its documented fields become the method's options), an ``__init__.py`` exporting both and a
+card ``README.md``; then add ``Selector(config, fn, help)`` to :data:`SELECTORS`.
 """
 
 from __future__ import annotations
@@ -29,14 +30,14 @@ from typing import Any
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.core.arguments import add_pool_arguments, command_parser
-from selection_callbacks.offline.autodata.search import AutoDataConfig, select_autodata
-from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
+from selection_callbacks.offline.autodata import AutoDataConfig, select_autodata
+from selection_callbacks.offline.common.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
+from selection_callbacks.offline.common.summary import SelectionRun, write_selection
 from selection_callbacks.offline.datamask import DatamaskConfig, select_datamask
 from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
 from selection_callbacks.offline.oracle import OracleConfig, select_oracle
 from selection_callbacks.offline.policy import PolicyConfig, select_policy
 from selection_callbacks.offline.sharded.select import ENGINES, SHARDED_METHODS, EngineConfig, run_sharded_selection
-from selection_callbacks.offline.summary import SelectionRun, write_selection
 from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, select_warmup_delta
 
 @dataclass(frozen=True)

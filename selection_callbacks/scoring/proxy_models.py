@@ -26,7 +26,8 @@ from selection_callbacks.scoring.losses import per_sample_loss, sequence_means, 
 
 __all__ = [
     "CausalLMProxy", "Proxy", "ProxyLM", "causal_lm_proxy_config", "check_reference_fits", "gpt_proxy_config",
-    "is_causal_lm_config", "padded_vocab", "pretrain_on_target", "reference_context", "reference_vocab", "seeded_proxy",
+    "initialised_proxy", "is_causal_lm_config", "padded_vocab", "pretrain_on_target", "reference_context", "reference_vocab",
+    "seeded_proxy",
 ]
 
 
@@ -131,14 +132,27 @@ def causal_lm_proxy_config(learner: Any, layers: int, width: int, heads: int) ->
     return type(learner).from_dict(fields)
 
 
+def initialised_proxy(config: Any, torch_seed: int) -> nn.Module:
+    """A proxy initialised under ``torch.manual_seed(torch_seed)``; the global torch RNG is left untouched.
+
+    ``config``: a :class:`GPTConfig` (a :class:`ProxyLM`) or a transformers config (a :class:`CausalLMProxy`).
+
+    Example::
+
+        initialised_proxy(gpt_proxy_config(padded_vocab(257), 128, 2, 64, 4), torch_seed=0).model  # the GPT
+    """
+    with torch.random.fork_rng(devices=[]):
+        torch.manual_seed(torch_seed)
+        return ProxyLM(config) if isinstance(config, GPTConfig) else CausalLMProxy(config)
+
+
 def seeded_proxy(config: Any, seed: int, purpose: str) -> nn.Module:
-    """A proxy whose initial weights depend only on (seed, purpose), not on the global RNG.
+    """A proxy whose initial weights depend only on (seed, purpose), not on the global RNG: :func:`initialised_proxy`
+    under the seed derived from them.
 
     ``config``: a :class:`GPTConfig` (a :class:`ProxyLM`) or a transformers config (a :class:`CausalLMProxy`).
     """
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(derived_seed(seed, 0, 0, purpose))
-        return ProxyLM(config) if isinstance(config, GPTConfig) else CausalLMProxy(config)
+    return initialised_proxy(config, derived_seed(seed, 0, 0, purpose))
 
 
 def reference_vocab(module: nn.Module) -> int | None:

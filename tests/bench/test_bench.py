@@ -349,7 +349,7 @@ def test_sketch_error_over_training_stages(tmp_path) -> None:
 
 def test_offline_variants_set_the_selector_config(tiny_corpus, tmp_path) -> None:
     """``datamask@bank.proxy_tokens=null``: the override reaches the selector, its identity and nothing else."""
-    from selection_callbacks.offline.datamask import DatamaskConfig
+    from selection_callbacks.offline.datamask.selector import DatamaskConfig
     from bench.harness.offline import config_with
     from selection_callbacks.offline.select import SelectionError
 

@@ -32,7 +32,7 @@ PATHS = [
     ("select",), *(("select", s) for s in SELECTORS),
     ("autodata",), ("autodata", "search"), ("autodata", "report"), ("autodata", "schema"),
     ("ledger",), ("ledger", "export"), ("ledger", "summary"),
-    ("reference-losses",), ("bench-proxy",), ("corpus",), ("packages",), ("debian",), ("tokenizer",),
+    ("reference-losses",), ("bench-docs",), ("corpus",), ("packages",), ("debian",), ("tokenizer",),
 ]
 # (entry point, subcommand path): each path runs once, each top-level tool through both entry points
 NEW_RUNS = [
@@ -43,7 +43,7 @@ NEW_RUNS = [
     ("module", ("autodata", "report")),
     ("script", ("ledger",)), ("script", ("ledger", "export")), ("module", ("ledger", "summary")),
     ("script", ("reference-losses",)), ("module", ("reference-losses",)),
-    ("script", ("bench-proxy",)), ("module", ("bench-proxy",)), ("script", ("corpus",)), ("module", ("corpus",)),
+    ("script", ("bench-docs",)), ("module", ("bench-docs",)), ("script", ("corpus",)), ("module", ("corpus",)),
     ("script", ("packages",)), ("module", ("packages",)), ("script", ("debian",)), ("module", ("debian",)),
     ("script", ("tokenizer",)), ("module", ("tokenizer",)),
 ]
@@ -54,7 +54,7 @@ OLD_RUNS = [
     (("selection_callbacks.cli.ledger", "summary"), ("ledger", "summary")),
     (("selection_callbacks.cli.ledger", "export"), ("ledger", "export")),
     (("selection_callbacks.cli.reference_losses",), ("reference-losses",)),
-    (("selection_callbacks.offline.bench_proxy",), ("bench-proxy",)),
+    (("selection_callbacks.offline.bench_docs",), ("bench-docs",)),
     (("selection_callbacks.data.default_corpus",), ("corpus",)),
     (("selection_callbacks.data.default_corpus",), ("corpus",)),
     (("selection_callbacks.data.package_corpus",), ("packages",)),

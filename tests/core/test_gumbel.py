@@ -10,8 +10,10 @@ import torch
 
 from selection_callbacks.core import sampling
 from selection_callbacks.core.sampling import GumbelTopK, SequentialBoltzmann, gumbel_keys, gumbel_noise, gumbel_order
-from selection_callbacks.offline import corpus, datamask
-from selection_callbacks.offline.autodata.recipe import FEATURES, FeatureTable, rule_order, validate_recipe
+from selection_callbacks.offline.autodata.evaluation import FeatureTable, rule_order
+from selection_callbacks.offline.autodata.schema import FEATURES, validate_recipe
+from selection_callbacks.offline.common import corpus
+from selection_callbacks.offline.datamask import selector as datamask
 
 SCORES = np.array([1.2, 0.3, -0.4, 0.9])
 DRAWS = 40_000

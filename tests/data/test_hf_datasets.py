@@ -16,7 +16,7 @@ from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.data.readers import Columns, DataSourceError, iter_documents, stream_documents
 from selection_callbacks.data.stream_loader import StreamingSuperbatchLoader
 from selection_callbacks.data.tokenizer import ByteTokenizer
-from selection_callbacks.offline.corpus import load_corpus
+from selection_callbacks.offline.common.corpus import load_corpus
 from tests.conftest import write_jsonl
 from tests.support.resume_fit import SeenIds, fit_recording_ids
 

@@ -15,13 +15,13 @@ from pathlib import Path
 import numpy as np
 import pytest
 
+from selection_callbacks.offline.autodata.evaluation import feature_table
+from selection_callbacks.offline.autodata.proposers import EvolutionProposer, RandomProposer, mutate, random_recipe
+from selection_callbacks.offline.autodata.schema import FEATURES, canonical, load_recipe, validate_recipe
 from selection_callbacks.offline.autodata.search import SearchConfig, Search, TrialStore
-from selection_callbacks.offline.autodata.proposers import (
-    EvolutionProposer, RandomProposer, Ridge, SubsetProfile, canonical, mutate, noise_aware_scores, random_recipe,
-)
-from selection_callbacks.offline.corpus import Budget, load_corpus
-from selection_callbacks.offline.features import feature_bank
-from selection_callbacks.offline.autodata.recipe import FEATURES, feature_table, load_recipe, validate_recipe
+from selection_callbacks.offline.autodata.surrogate import Ridge, SubsetProfile, noise_aware_scores
+from selection_callbacks.offline.common.corpus import Budget, load_corpus
+from selection_callbacks.offline.common.features import feature_bank
 from selection_callbacks.offline.select import SELECTORS, run_selection
 from tests.offline.test_offline_features import TINY_BANK, TINY_PROXY
 
@@ -228,7 +228,8 @@ def _planted_search(make, seed: int, trials: int = 40, noise: float = 0.0) -> fl
     """True score of the best-observed trial of a search on a synthetic pool whose planted quality is
     z(log dsir) − z(log chars_per_token) + ½ z(log distinct_5) + noise (true score: −mean quality
     kept; observed: true + N(0, noise²)). ``make(table, budget, seed)`` builds the proposer."""
-    from selection_callbacks.offline.autodata.recipe import FEATURES, FeatureTable, RecipeError, apply_recipe_inline
+    from selection_callbacks.offline.autodata.evaluation import FeatureTable, apply_recipe_inline
+    from selection_callbacks.offline.autodata.schema import FEATURES, RecipeError
 
     rng = np.random.default_rng(100 + seed)
     numeric = {f: rng.lognormal(0, 1, 600) for f in FEATURES}

@@ -12,10 +12,10 @@ import pytest
 import torch
 
 from selection_callbacks.data.subset import read_subset
-from selection_callbacks.offline import datamask as dm
-from selection_callbacks.offline import quality
-from selection_callbacks.offline.corpus import Budget, load_corpus
-from selection_callbacks.offline.features import FeatureBank
+from selection_callbacks.offline.common import quality
+from selection_callbacks.offline.common.corpus import Budget, load_corpus
+from selection_callbacks.offline.common.features import FeatureBank
+from selection_callbacks.offline.datamask import selector as dm
 from selection_callbacks.offline.select import run_selection
 
 

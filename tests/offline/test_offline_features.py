@@ -1,8 +1,9 @@
-"""Offline building blocks: the budget rule, the proxy trainer's scores (vs autograd) and the feature bank."""
+"""Offline building blocks: the budget rule, the proxy trainer's scores (vs autograd) and vocabulary, and the feature bank."""
 
 from __future__ import annotations
 
 import dataclasses
+from pathlib import Path
 
 import numpy as np
 import pytest
@@ -10,22 +11,27 @@ import torch
 import torch.nn.functional as F
 
 from selection_callbacks.core.costs import StageCosts
-from selection_callbacks.offline import features as features_mod
-from selection_callbacks.offline.corpus import Budget, SelectionError, gumbel_order, load_corpus
-from selection_callbacks.offline.dsir import DSIRConfig
-from selection_callbacks.offline.features import FeatureConfig, distinct_ratio, feature_bank, kmeans, standardise
-from selection_callbacks.offline.proxy_train import (
-    BOS,
+from selection_callbacks.data.hf_tokenizer import HFTokenizer
+from selection_callbacks.data.tokenizer import ByteTokenizer
+from selection_callbacks.offline.common import features as features_mod
+from selection_callbacks.offline.common.corpus import Budget, SelectionError, gumbel_order, load_corpus
+from selection_callbacks.offline.common.features import FeatureConfig, distinct_ratio, feature_bank, kmeans, standardise
+from selection_callbacks.offline.common.proxy_train import (
     ProxyConfig,
+    make_proxy,
     pack_documents,
     score_documents,
     target_loss,
     train_proxy,
 )
+from selection_callbacks.offline.dsir.selector import DSIRConfig
+from selection_callbacks.scoring.proxy_models import gpt_proxy_config, initialised_proxy
 from tests.conftest import write_jsonl
 
 TINY_PROXY = ProxyConfig(n_layer=1, n_head=2, n_embd=32, seq_len=64, batch_size=16, lr=1e-2)
 TINY_BANK = FeatureConfig(proxy=TINY_PROXY, score_tokens=256, clusters=4, dsir=DSIRConfig(num_buckets=2048))
+BYTES = ByteTokenizer()
+BPE_4K = Path(__file__).resolve().parents[2] / "bench" / "results" / "long-shape" / "tokenizer.json"
 
 
 def test_budget_prefix_rule() -> None:
@@ -67,12 +73,12 @@ def test_gumbel_order_samples_proportionally() -> None:
 def _docs(n: int, seed: int, length: int = 150) -> list[np.ndarray]:
     rng = np.random.default_rng(seed)
     bodies = [rng.integers(97, 110, size=rng.integers(1, length)) for _ in range(n)]
-    return [np.concatenate([[BOS], b]).astype(np.uint16) for b in bodies]
+    return [np.concatenate([[BYTES.bos_id], b]).astype(np.uint16) for b in bodies]
 
 
 def test_proxy_scores_match_autograd() -> None:
     """Per-document loss and head-gradient cosine equal brute force through autograd on the same windows."""
-    stream, target = pack_documents(_docs(12, 0), 32), pack_documents(_docs(4, 1), 32)
+    stream, target = pack_documents(_docs(12, 0), 32, BYTES), pack_documents(_docs(4, 1), 32, BYTES)
     cfg = ProxyConfig(n_layer=1, n_head=2, n_embd=16, seq_len=32, batch_size=4)
     model = train_proxy(stream, cfg, seed=0, tokens=32 * 4 * 3).model.double()
     scores = score_documents(model, stream, align_with=target)
@@ -81,7 +87,7 @@ def test_proxy_scores_match_autograd() -> None:
         w = torch.from_numpy(s.windows(np.arange(s.n_eval_windows)))
         pos = np.arange(s.n_eval_windows)[:, None] * s.seq_len + 1 + np.arange(s.seq_len)[None, :]
         nll = F.cross_entropy(model(w[:, :-1]).flatten(0, 1), w[:, 1:].flatten(), reduction="none")
-        keep = (pos.ravel() < s.tokens.size) & (w[:, 1:].flatten().numpy() != BOS)
+        keep = (pos.ravel() < s.tokens.size) & (w[:, 1:].flatten().numpy() != BYTES.bos_id)
         doc = np.searchsorted(s.doc_start, pos.ravel(), side="right") - 1
         return nll, keep, doc
 
@@ -101,12 +107,34 @@ def test_proxy_scores_match_autograd() -> None:
 
 
 def test_proxy_training_is_deterministic_and_learns() -> None:
-    stream = pack_documents(_docs(30, 2), 64)
+    stream = pack_documents(_docs(30, 2), 64, BYTES)
     runs = [train_proxy(stream, TINY_PROXY, seed=3, checkpoints=(0.1, 1.0), score_on=stream) for _ in range(2)]
     np.testing.assert_array_equal(runs[0].scores[1.0].loss, runs[1].scores[1.0].loss)
     assert np.nanmean(runs[0].scores[0.1].loss) > np.nanmean(runs[0].scores[1.0].loss)
     other = train_proxy(stream, TINY_PROXY, seed=4, checkpoints=(1.0,), score_on=stream)
     assert not np.array_equal(other.scores[1.0].loss, runs[0].scores[1.0].loss)
+
+
+def test_the_proxy_embeds_the_vocabulary_of_the_tokenizer_its_stream_was_packed_with(tiny_corpus) -> None:
+    """A 4,096-token BPE stream trains and scores a proxy of 4,096 embedding rows, built by
+    scoring/proxy_models; the corpus' byte tokens give 320 rows (257 ids padded to a multiple of 64), and
+    a byte proxy refuses the BPE stream with an error that says so."""
+    pool = load_corpus(tiny_corpus["pool"])
+    bpe = HFTokenizer(BPE_4K)
+    stream = pack_documents([bpe.encode_document(text) for text in pool.texts[:40]], 64, bpe)
+    assert (stream.vocab_size, stream.bos_id) == (4096, bpe.bos_id)
+    assert stream.tokens.max() >= 320  # ids past the rows of a byte-sized embedding
+    run = train_proxy(stream, TINY_PROXY, seed=0, checkpoints=(1.0,), score_on=stream)
+    assert run.model.config.vocab_size == run.model.lm_head.weight.shape[0] == 4096
+    assert np.isfinite(run.scores[1.0].loss).all() and np.isfinite(target_loss(run.model, stream))
+    built = initialised_proxy(gpt_proxy_config(4096, 64, 1, 32, 2), torch_seed=5).model.state_dict()
+    fresh = make_proxy(TINY_PROXY, bpe.vocab_size, seed=5).state_dict()
+    assert built.keys() == fresh.keys() and all(torch.equal(built[k], fresh[k]) for k in built)
+    byte_stream = pack_documents([pool.tokens(i) for i in range(40)], 64, pool.tokenizer)
+    byte_model = train_proxy(byte_stream, TINY_PROXY, seed=0, tokens=64 * 16).model
+    assert byte_model.config.vocab_size == 320 and byte_stream.vocab_size == ByteTokenizer.vocab_size
+    with pytest.raises(ValueError, match="4096 token ids, the proxy's embedding 320 rows"):
+        target_loss(byte_model, stream)
 
 
 def test_small_helpers() -> None:
@@ -202,7 +230,7 @@ def test_minilm_embedder_loads_offline_and_embeds() -> None:
     """The ``embed`` extra (installed by the Makefile, so CI tests it): MiniLM from its package, no download."""
     import os
 
-    from selection_callbacks.offline.embeddings import MiniLMEmbedder, make_embedder
+    from selection_callbacks.offline.common.embeddings import MiniLMEmbedder, make_embedder
 
     os.environ["HF_HUB_OFFLINE"] = "1"
     embedder = make_embedder("minilm")

@@ -14,13 +14,13 @@ import torch
 
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.data.subset import read_subset
-from selection_callbacks.offline import warmup_delta as warmup_delta_mod
-from selection_callbacks.offline.corpus import Budget, SelectionError, load_corpus
-from selection_callbacks.offline.dsir import DSIRConfig, select_dsir
-from selection_callbacks.offline.features import FeatureBank
-from selection_callbacks.offline.policy import PolicyConfig, learn_policy, plackett_luce_log_prob, select_policy
+from selection_callbacks.offline.common.corpus import Budget, SelectionError, load_corpus
+from selection_callbacks.offline.common.features import FeatureBank
+from selection_callbacks.offline.dsir.selector import DSIRConfig, select_dsir
+from selection_callbacks.offline.policy.selector import PolicyConfig, learn_policy, plackett_luce_log_prob, select_policy
 from selection_callbacks.offline.select import SELECTORS, main, run_selection
-from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, delta_order, select_warmup_delta
+from selection_callbacks.offline.warmup_delta import selector as warmup_delta_mod
+from selection_callbacks.offline.warmup_delta.selector import WarmupDeltaConfig, delta_order, select_warmup_delta
 from tests.offline.test_offline_features import TINY_BANK, TINY_PROXY
 
 TINY_POLICY = PolicyConfig(
@@ -167,7 +167,7 @@ def test_clear_errors(tiny_corpus, tmp_path) -> None:
 
 
 def test_offline_oracle_takes_the_targets_domains_first_up_to_the_budget(corpora) -> None:
-    from selection_callbacks.offline.oracle import OracleConfig, select_oracle
+    from selection_callbacks.offline.oracle.selector import OracleConfig, select_oracle
 
     pool, target = corpora
     inside = pool.domains == "prose"  # the tiny target is prose

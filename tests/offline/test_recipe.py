@@ -8,11 +8,11 @@ import itertools
 import numpy as np
 import pytest
 
-from selection_callbacks.offline.corpus import Budget
-from selection_callbacks.offline.autodata.recipe import (
-    FEATURES, FeatureTable, RecipeError, apply_recipe_inline, cell_ids, composite_score, load_recipe,
-    robust_tanh_z, run_recipe, validate_recipe,
+from selection_callbacks.offline.autodata.evaluation import (
+    FeatureTable, apply_recipe_inline, cell_ids, composite_score, robust_tanh_z, run_recipe,
 )
+from selection_callbacks.offline.autodata.schema import FEATURES, RecipeError, load_recipe, validate_recipe
+from selection_callbacks.offline.common.corpus import Budget
 
 D = 400
 

@@ -15,15 +15,14 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from selection_callbacks.offline.autodata import sandbox
+from selection_callbacks.offline.autodata.evaluation import apply_recipe_inline, feature_table, run_recipe
 from selection_callbacks.offline.autodata.proposers import AgentProposer
-from selection_callbacks.offline.autodata.recipe import (
-    RecipeError, apply_recipe_inline, feature_table, load_recipe, run_recipe, validate_recipe,
-)
-from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
+from selection_callbacks.offline.autodata.sandbox import runner as sandbox
+from selection_callbacks.offline.autodata.sandbox.limits import SandboxLimits
+from selection_callbacks.offline.autodata.schema import RecipeError, load_recipe, validate_recipe
 from selection_callbacks.offline.autodata.search import Search, TrialStore, build_parser
-from selection_callbacks.offline.corpus import Budget
-from selection_callbacks.offline.features import feature_bank
+from selection_callbacks.offline.common.corpus import Budget
+from selection_callbacks.offline.common.features import feature_bank
 from tests.offline.test_autodata import GOOD, TINY_SEARCH, Scripted, budget_of, corpora  # noqa: F401 - corpora: fixture
 from tests.offline.test_offline_features import TINY_BANK
 

@@ -20,11 +20,11 @@ import pytest
 from selection_callbacks.core.costs import StageCosts
 from selection_callbacks.data.default_corpus import build_default_corpus
 from selection_callbacks.offline.autodata.search import AutoDataConfig
-from selection_callbacks.offline.corpus import Budget, load_corpus
-from selection_callbacks.offline.datamask import DatamaskConfig
-from selection_callbacks.offline.dsir import DSIRConfig
-from selection_callbacks.offline.features import FeatureConfig, compute_features
-from selection_callbacks.offline.proxy_train import ProxyConfig
+from selection_callbacks.offline.common.corpus import Budget, load_corpus
+from selection_callbacks.offline.common.features import FeatureConfig, compute_features
+from selection_callbacks.offline.common.proxy_train import ProxyConfig
+from selection_callbacks.offline.datamask.selector import DatamaskConfig
+from selection_callbacks.offline.dsir.selector import DSIRConfig
 from selection_callbacks.offline.select import main, run_selection
 from selection_callbacks.offline.sharded.bank import sharded_bank
 from selection_callbacks.offline.sharded.runner import ShardedEngine

@@ -1,7 +1,8 @@
-"""AutoData: search selection recipes with proxy-training feedback (``search``), the recipe language
-(``recipe``), the proposers (``proposers``; an agent command's answer read by ``agent_io`` through
-``capped``) and the search report (``report``). Code recipes run in ``sandbox`` (the parent side,
-``sandbox_limits``), whose child (``sandbox_child``) confines itself with ``sandbox_guard``."""
+"""AutoData: search selection recipes with proxy-training feedback (``search``), the recipe schema
+(``schema``) and how a recipe selects (``evaluation``), the proposers (``proposers``; an agent
+command's answer read by ``agent_io`` through ``capped``) and their surrogate model (``surrogate``),
+and the search report (``report``). Code recipes run in the ``sandbox`` subpackage. Its card,
+``README.md``, beside it."""
 
 from selection_callbacks.offline.autodata.search import (
     AutoDataConfig,

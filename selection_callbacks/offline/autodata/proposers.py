@@ -9,8 +9,8 @@ uninterrupted one would have.
 - :class:`EvolutionProposer`: the presets and the uniform baseline first, then prior draws until
   ``n_init`` trials, then alternately the most promising of many fresh prior draws (explore) and
   of many children of parents ranked by noise-aware estimates (exploit), under a ridge surrogate
-  on the subsets' feature profiles fitted to a bootstrap resample of the trials so far; never a
-  recipe already tried.
+  on the subsets' feature profiles fitted to a bootstrap resample of the trials so far
+  (:mod:`~selection_callbacks.offline.autodata.surrogate`); never a recipe already tried.
 - :class:`AgentProposer`: runs a user command (an LLM agent, AIDE-style). It receives on stdin
   ``{"trial", "history", "features", "categorical", "rules", "schema", "presets", "budget"}`` as
   JSON and must print one recipe as JSON on stdout (size-capped; inline ``code`` only, never a
@@ -27,19 +27,17 @@ from typing import Any, Callable, Protocol
 
 import numpy as np
 
-from selection_callbacks.offline.autodata import recipe as recipe_module
+from selection_callbacks.offline.autodata import schema
 from selection_callbacks.offline.autodata.agent_io import ProposalError, parse_recipe, run_agent
-from selection_callbacks.offline.corpus import Budget
-from selection_callbacks.offline.autodata.recipe import (
-    CATEGORICAL, FEATURES, PRESET_DIR, RULE_DEFAULTS, RULES, FeatureTable, RecipeError, apply_recipe_inline,
-    load_recipe, robust_tanh_z, validate_recipe,
+from selection_callbacks.offline.autodata.sandbox.runner import truncate
+from selection_callbacks.offline.autodata.schema import (
+    CATEGORICAL, FEATURES, PRESET_DIR, RULE_DEFAULTS, RULES, RecipeError, canonical, load_recipe, validate_recipe,
 )
-from selection_callbacks.offline.autodata.sandbox import truncate
+from selection_callbacks.offline.autodata.surrogate import noise_aware_scores, recipe_vector, thompson_pick
 
 __all__ = [
     "AgentProposer", "EvolutionProposer", "MAX_TERMS", "POSITIVE_SKEWED", "ProposalError", "Proposer", "RandomProposer",
-    "Ridge", "SubsetProfile", "canonical", "crossover", "make_proposer", "merge_terms", "mutate", "noise_aware_scores",
-    "presets", "random_recipe", "random_rule", "random_term", "recipe_vector", "thompson_pick",
+    "crossover", "make_proposer", "merge_terms", "mutate", "presets", "random_recipe", "random_rule", "random_term",
 ]
 
 POSITIVE_SKEWED = ("n_bytes", "n_tokens", "bos_per_seq")
@@ -57,11 +55,6 @@ class Proposer(Protocol):
 def presets() -> dict[str, dict]:
     """The paper's recipes shipped as ``presets/paper_*.json`` (package data), by file stem."""
     return {p.stem: load_recipe(p) for p in sorted(PRESET_DIR.glob("paper_*.json"))}
-
-
-def canonical(recipe: dict) -> str:
-    """A recipe's identity for de-duplication (its validated form, name left out)."""
-    return json.dumps({k: v for k, v in recipe.items() if k != "name"}, sort_keys=True)
 
 
 # ---------------------------------------------------------------- the recipe prior
@@ -206,118 +199,6 @@ class RandomProposer:
         return random_recipe(rng, name=f"random-{trial}")
 
 
-def recipe_vector(recipe: dict) -> np.ndarray:
-    """φ(recipe) from the recipe's own parameters (the surrogate's inputs when no feature table is at
-    hand): per feature the summed signed weight of its plain linear terms and the summed |weight| of
-    its other uses (abs, tri, cell, gated); the rule kind (one-hot); the backbone share; centring;
-    multiplicative; terms / 4."""
-    F = len(FEATURES)
-    v = np.zeros(2 * F + len(RULES) + 4)
-    terms = recipe.get("terms") or []
-    for t in terms:
-        j = FEATURES.index(t["feature"])
-        w = float(np.clip(t["weight"], -3.0, 3.0))
-        plain = t.get("shape", "linear") == "linear" and t.get("aggregate", "doc") == "doc" and "gate" not in t
-        v[j if plain else F + j] += w if plain else abs(w)
-    v[2 * F + list(RULES).index(recipe.get("rule", {"kind": "top"})["kind"])] = 1.0
-    v[-4:] = [recipe.get("backbone", 0.0), recipe.get("centre") is not None,
-              recipe.get("combine") == "multiplicative", len(terms) / 4]
-    return v
-
-
-class SubsetProfile:
-    """φ(subset) of a term recipe: what the documents it selects look like, cached per recipe.
-
-    The profile is the token-weighted mean over the selected documents of every feature's tanh
-    robust z-score (the recipes' own normalisation), the token share of each cluster and the share
-    of the pool's documents selected. Recipes with different parameters but similar subsets get
-    similar profiles, so a surrogate on profiles carries over between them where one on
-    :func:`recipe_vector` sees unrelated points.
-
-    Args:
-        table: the search's feature table.
-        budget: the search's budget.
-        seed: the search's selection seed (the trial's subset is the recipe applied with it).
-    """
-
-    def __init__(self, table: FeatureTable, budget: Budget, seed: int) -> None:
-        self.table, self.budget, self.seed = table, budget, seed
-        self.z = np.stack([robust_tanh_z(table.numeric[f]) for f in FEATURES], axis=1)
-        self.cluster = table.categorical["cluster"]
-        self.n_clusters = int(self.cluster.max()) + 1
-        self.cache: dict[str, np.ndarray | None] = {}
-
-    def __call__(self, recipe: dict) -> np.ndarray | None:
-        """The profile of a validated recipe; None for a program recipe or one that fails here."""
-        key = canonical(recipe)
-        if key not in self.cache:
-            self.cache[key] = self._compute(recipe) if "terms" in recipe else None
-        return self.cache[key]
-
-    def _compute(self, recipe: dict) -> np.ndarray | None:
-        """The profile, uncached."""
-        try:
-            idx = apply_recipe_inline(recipe, self.table, self.budget, self.seed)
-        except RecipeError:
-            return None
-        w = self.table.n_tokens[idx].astype(np.float64)
-        w /= w.sum()
-        clusters = np.bincount(self.cluster[idx], weights=w, minlength=self.n_clusters)
-        return np.concatenate([w @ self.z[idx], clusters, [idx.size / len(self.table)]])
-
-
-class Ridge:
-    """Ridge regression on standardised inputs, with its leave-one-out predictions.
-
-    Args:
-        X: [n, d] inputs.
-        y: [n] targets.
-        penalty: the ridge penalty λ (in units of standardised inputs).
-    """
-
-    def __init__(self, X: np.ndarray, y: np.ndarray, penalty: float) -> None:
-        self.mean_x, self.scale_x = X.mean(0), X.std(0) + 1e-9
-        self.mean_y = float(y.mean())
-        Xs = self._standardise(X)
-        inverse = np.linalg.inv(Xs.T @ Xs + penalty * np.eye(X.shape[1]))
-        self.beta = inverse @ Xs.T @ (y - self.mean_y)
-        self.leverage = np.einsum("ij,jk,ik->i", Xs, inverse, Xs) + 1.0 / len(y)
-        self.fitted = self.predict(X)
-
-    def _standardise(self, X: np.ndarray) -> np.ndarray:
-        return (X - self.mean_x) / self.scale_x
-
-    def predict(self, X: np.ndarray) -> np.ndarray:
-        """Predicted targets of the rows of ``X``."""
-        return self._standardise(X) @ self.beta + self.mean_y
-
-    def loo(self, y: np.ndarray) -> np.ndarray:
-        """Each training point's prediction by the fit without it (the hat-matrix shortcut)."""
-        return y - (y - self.fitted) / np.clip(1.0 - self.leverage, 1e-6, None)
-
-
-def noise_aware_scores(X: np.ndarray, y: np.ndarray, noise_sd: float, penalty: float = 10.0) -> np.ndarray:
-    """Posterior-mean estimates of the trials' true scores: each observed score shrunk towards the
-    surrogate's leave-one-out prediction of it, by w = τ² / (τ² + σ²) with σ = ``noise_sd`` (the
-    sd of one proxy seed's score) and τ² the leave-one-out residual variance beyond σ² (at least σ²/4).
-
-    A trial that scored far better than trials like it is ranked as partly lucky, so its children
-    are not expected to repeat its score."""
-    if len(y) < 3:
-        return y.astype(np.float64)
-    loo = Ridge(X, y, penalty).loo(y)
-    tau2 = max(float(np.mean((y - loo) ** 2)) - noise_sd**2, noise_sd**2 / 4)
-    return loo + tau2 / (tau2 + noise_sd**2) * (y - loo)
-
-
-def thompson_pick(candidates: np.ndarray, X: np.ndarray, y: np.ndarray, rng: np.random.Generator,
-                  penalty: float = 10.0) -> int:
-    """Index of the candidate with the lowest score predicted by a :class:`Ridge` fitted to a
-    bootstrap resample of the history (Thompson sampling: the resample is the exploration)."""
-    idx = rng.integers(len(y), size=len(y))
-    return int(np.argmin(Ridge(X[idx], y[idx], penalty).predict(candidates)))
-
-
 class EvolutionProposer:
     """Surrogate-screened search in two alternating arms.
 
@@ -425,7 +306,7 @@ class AgentProposer:
     The answer is read up to ``max_bytes`` (a longer one kills the command and fails the proposal)
     and must be one JSON object; a recipe naming a ``program`` file is refused (an agent gives
     inline ``code``, which runs in the sandbox). The errors of earlier trials reach the agent cut to
-    :data:`~selection_callbacks.offline.autodata.sandbox.MESSAGE_CHARS` characters. The command's
+    :data:`~selection_callbacks.offline.autodata.sandbox.runner.MESSAGE_CHARS` characters. The command's
     stderr is appended to ``stderr_log`` (when given) for the user.
 
     Args:
@@ -453,7 +334,7 @@ class AgentProposer:
             "features": list(FEATURES),
             "categorical": list(CATEGORICAL),
             "rules": {k: list(v) for k, v in RULES.items()},
-            "schema": recipe_module.__doc__,
+            "schema": schema.__doc__,
             "presets": self.presets,
             **self.context,
         }

@@ -46,17 +46,17 @@ from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 from tqdm.auto import tqdm
 
 from selection_callbacks.core.arguments import add_pool_arguments, command_parser
-from selection_callbacks.offline.autodata import recipe as recipe_module
-from selection_callbacks.offline.autodata.proposers import ProposalError, Proposer, SubsetProfile, make_proposer
+from selection_callbacks.offline.autodata import schema
+from selection_callbacks.offline.autodata.evaluation import FeatureTable, feature_table, run_recipe
+from selection_callbacks.offline.autodata.proposers import ProposalError, Proposer, make_proposer
 from selection_callbacks.offline.autodata.report import write_report
-from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
-from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
-from selection_callbacks.offline.features import FeatureConfig, feature_bank
-from selection_callbacks.offline.proxy_reward import ProxyReward
-from selection_callbacks.offline.proxy_train import ProxyConfig
-from selection_callbacks.offline.autodata.recipe import (
-    FeatureTable, RecipeError, feature_table, load_recipe, recipe_features, run_recipe, validate_recipe,
-)
+from selection_callbacks.offline.autodata.sandbox.limits import SandboxLimits
+from selection_callbacks.offline.autodata.schema import RecipeError, load_recipe, recipe_features, validate_recipe
+from selection_callbacks.offline.autodata.surrogate import SubsetProfile
+from selection_callbacks.offline.common.corpus import Budget, Corpus, Selection, SelectionError, load_corpus
+from selection_callbacks.offline.common.features import FeatureConfig, feature_bank
+from selection_callbacks.offline.common.proxy_reward import ProxyReward
+from selection_callbacks.offline.common.proxy_train import ProxyConfig
 
 
 @dataclass
@@ -365,7 +365,7 @@ def build_parser(parent: ActionSubCommands | None = None, name: str = "autodata"
 def run(ns: Namespace) -> Any:
     """Run the command an instantiated ``build_parser()`` namespace names: a search, a report or the schema."""
     if ns.command == "schema":
-        print(recipe_module.__doc__)
+        print(schema.__doc__)
         return None
     if ns.command == "report":
         return write_report([Path(d) for d in ns.report.dirs], ns.report.out)

@@ -19,11 +19,11 @@ import numpy as np
 
 from selection_callbacks.core.costs import StageCosts
 from selection_callbacks.data.tokenizer import ByteTokenizer
-from selection_callbacks.offline.corpus import Corpus, SelectionError
-from selection_callbacks.offline.dsir import DSIRConfig, bucket_log_ratio, target_bucket_counts
-from selection_callbacks.offline.features import (
+from selection_callbacks.offline.common.corpus import Corpus, SelectionError
+from selection_callbacks.offline.common.features import (
     NUMERIC_FEATURES, FeatureBank, FeatureConfig, byte_log_probs, kmeans, prefix_quota, proxy_features,
 )
+from selection_callbacks.offline.dsir.selector import DSIRConfig, bucket_log_ratio, target_bucket_counts
 from selection_callbacks.offline.sharded.runner import ShardedEngine
 from selection_callbacks.offline.sharded.shards import PoolShards, file_fingerprint
 from selection_callbacks.offline.sharded.tables import (
@@ -74,13 +74,14 @@ def sharded_embeddings(engine: ShardedEngine, shards: PoolShards, embedder: str)
 class TokenPrefixes:
     """The first ``keep`` ByteTokenizer tokens of every pool document, read shard by shard (what the proxy reads).
 
-    ``len`` and ``tokens(i)`` as :class:`Corpus` has them; ``n_tokens`` are the documents' full lengths.
+    ``len``, ``tokens(i)`` and ``tokenizer`` as :class:`Corpus` has them; ``n_tokens`` are the documents' full
+    lengths.
     """
 
     def __init__(self, shards: PoolShards, n_tokens: np.ndarray, keep: int) -> None:
-        tok = ByteTokenizer()
+        self.tokenizer = ByteTokenizer()
         self.n_tokens = n_tokens
-        self._docs = [tok.encode_document(t)[:keep] for k in range(len(shards)) for t in shards.texts(k)]
+        self._docs = [self.tokenizer.encode_document(t)[:keep] for k in range(len(shards)) for t in shards.texts(k)]
 
     def __len__(self) -> int:
         return len(self._docs)

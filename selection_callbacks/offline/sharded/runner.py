@@ -37,7 +37,7 @@ from tqdm.auto import tqdm
 
 from selection_callbacks.core.costs import peak_rss_mb, reset_peak_rss
 from selection_callbacks.core.io import atomic_path, write_json_atomic
-from selection_callbacks.offline.corpus import SelectionError
+from selection_callbacks.offline.common.corpus import SelectionError
 from selection_callbacks.offline.sharded.shards import PoolShards
 
 __all__ = ["ShardTask", "ShardedEngine"]

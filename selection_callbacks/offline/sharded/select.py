@@ -23,18 +23,18 @@ from typing import Any
 
 from selection_callbacks.core.costs import StageCosts
 from selection_callbacks.core.io import write_json_atomic
-from selection_callbacks.offline.autodata.recipe import table_from_bank
+from selection_callbacks.offline.autodata.evaluation import table_from_bank
 from selection_callbacks.offline.autodata.search import AutoDataConfig, apply_recipe
-from selection_callbacks.offline.corpus import Budget, Selection, SelectionError, load_corpus
-from selection_callbacks.offline.datamask import DatamaskConfig, mask_selection
-from selection_callbacks.offline.quality import bank_quality
-from selection_callbacks.offline.dsir import DSIRConfig, resample
-from selection_callbacks.offline.proxy_train import ProxyConfig
+from selection_callbacks.offline.common.corpus import Budget, Selection, SelectionError, load_corpus
+from selection_callbacks.offline.common.proxy_train import ProxyConfig
+from selection_callbacks.offline.common.quality import bank_quality
+from selection_callbacks.offline.common.summary import SelectionRun, write_selection
+from selection_callbacks.offline.datamask.selector import DatamaskConfig, mask_selection
+from selection_callbacks.offline.dsir.selector import DSIRConfig, resample
 from selection_callbacks.offline.sharded.bank import score_pool, sharded_bank
 from selection_callbacks.offline.sharded.runner import ShardedEngine
 from selection_callbacks.offline.sharded.shards import PoolShards, shard_pool
 from selection_callbacks.offline.sharded.tables import TableIndex
-from selection_callbacks.offline.summary import SelectionRun, write_selection
 
 __all__ = ["ENGINES", "EngineConfig", "SHARDED_METHODS", "run_sharded_selection"]
 

@@ -16,7 +16,7 @@ import pyarrow.parquet as pq
 
 from selection_callbacks.core.io import atomic_path, write_json_atomic
 from selection_callbacks.data.readers import iter_documents, source_files
-from selection_callbacks.offline.corpus import SelectionError
+from selection_callbacks.offline.common.corpus import SelectionError
 
 __all__ = ["PoolShards", "file_fingerprint", "shard_pool"]
 

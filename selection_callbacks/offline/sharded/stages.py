@@ -18,11 +18,11 @@ from __future__ import annotations
 
 import numpy as np
 
-from selection_callbacks.offline.dsir import hashed_ngrams
-from selection_callbacks.offline.embeddings import HashedNgramEmbedder
-from selection_callbacks.offline.features import (
+from selection_callbacks.offline.common.embeddings import HashedNgramEmbedder
+from selection_callbacks.offline.common.features import (
     NGRAM_ORDERS, byte_columns, byte_histogram, distinct_ratios, log_frequency,
 )
+from selection_callbacks.offline.dsir.selector import hashed_ngrams
 
 __all__ = ["byte_histograms", "count_columns", "embed_columns", "score_columns"]
 

@@ -16,7 +16,7 @@ import numpy as np
 import pyarrow as pa
 import pyarrow.parquet as pq
 
-from selection_callbacks.offline.corpus import SelectionError
+from selection_callbacks.offline.common.corpus import SelectionError
 from selection_callbacks.offline.sharded.stages import count_columns, embed_columns, score_columns
 
 __all__ = ["TableIndex", "count_task", "embed_task", "read_columns", "read_embeddings", "read_index",

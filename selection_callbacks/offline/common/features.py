@@ -31,7 +31,7 @@ The proxy's cost is bounded by ``proxy_tokens`` (training) and ``score_tokens`` 
 (scoring, forward only), not by the pool's size. The default budget, 8M tokens (1,954 steps of
 32 × 128), is one full pass on pools up to 8M tokens and a sample of every document's prefix
 beyond; lower it to bound the bank's cost on a larger pool, knowing warmup delta's ranking moves
-with it (:mod:`selection_callbacks.offline.warmup_delta`).
+with it (:mod:`selection_callbacks.offline.warmup_delta.selector`).
 """
 
 from __future__ import annotations
@@ -48,10 +48,10 @@ from selection_callbacks.core.costs import StageCosts
 from selection_callbacks.core.io import atomic_path
 from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.readers import source_files
-from selection_callbacks.offline.corpus import Corpus
-from selection_callbacks.offline.dsir import DSIRConfig, log_importance
-from selection_callbacks.offline.embeddings import make_embedder
-from selection_callbacks.offline.proxy_train import ProxyConfig, pack_documents, train_proxy
+from selection_callbacks.offline.common.corpus import Corpus
+from selection_callbacks.offline.common.embeddings import make_embedder
+from selection_callbacks.offline.common.proxy_train import ProxyConfig, pack_documents, train_proxy
+from selection_callbacks.offline.dsir.selector import DSIRConfig, log_importance
 
 FEATURE_VERSION = 3
 DEFAULT_PROXY_TOKENS = 8_000_000
@@ -280,10 +280,10 @@ def proxy_features(
         lengths = np.asarray(pool.n_tokens, dtype=np.int64)
         quota = prefix_quota(lengths, cfg.proxy_tokens)
         cap = cfg.score_tokens
-        score_on = pack_documents(docs if cap is None else [d[:cap] for d in docs], T)
-        train = pack_documents([d[:quota] for d in docs], T)
+        score_on = pack_documents(docs if cap is None else [d[:cap] for d in docs], T, pool.tokenizer)
+        train = pack_documents([d[:quota] for d in docs], T, pool.tokenizer)
         del docs
-        align_with = pack_documents([target.tokens(i) for i in range(len(target))], T)
+        align_with = pack_documents([target.tokens(i) for i in range(len(target))], T, target.tokenizer)
     with costs.stage("proxy"):
         run = train_proxy(
             train, cfg.proxy, cfg.seed, None, checkpoints=(cfg.early_fraction, 1.0), score_on=score_on,

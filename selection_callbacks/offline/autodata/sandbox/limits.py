@@ -1,4 +1,4 @@
-"""The bounds of one code recipe in the sandbox (:mod:`selection_callbacks.offline.autodata.sandbox`).
+"""The bounds of one code recipe in the sandbox (:mod:`selection_callbacks.offline.autodata.sandbox.runner`).
 
 Example::
 

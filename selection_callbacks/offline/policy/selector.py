@@ -30,10 +30,10 @@ import torch
 from tqdm.auto import tqdm
 
 from selection_callbacks.core.sampling import gumbel_order
-from selection_callbacks.offline.corpus import Budget, Corpus, Selection
-from selection_callbacks.offline.features import FeatureConfig, feature_bank, standardise
-from selection_callbacks.offline.proxy_reward import ProxyReward
-from selection_callbacks.offline.proxy_train import ProxyConfig
+from selection_callbacks.offline.common.corpus import Budget, Corpus, Selection
+from selection_callbacks.offline.common.features import FeatureConfig, feature_bank, standardise
+from selection_callbacks.offline.common.proxy_reward import ProxyReward
+from selection_callbacks.offline.common.proxy_train import ProxyConfig
 
 __all__ = [
     "PolicyConfig", "PolicyResult", "REPORT_FEATURES", "RewardFn", "learn_policy", "plackett_luce_log_prob",

@@ -20,8 +20,8 @@ from concurrent.futures import ProcessPoolExecutor
 import numpy as np
 import torch
 
-from selection_callbacks.offline.corpus import Corpus
-from selection_callbacks.offline.proxy_train import ProxyConfig, TokenStream, pack_documents, target_loss, train_proxy
+from selection_callbacks.offline.common.corpus import Corpus
+from selection_callbacks.offline.common.proxy_train import ProxyConfig, TokenStream, pack_documents, target_loss, train_proxy
 
 __all__ = ["ProxyReward"]
 
@@ -34,13 +34,15 @@ class _Rollouts:
         self.starts = np.concatenate([[0], np.cumsum(pool.n_tokens)[:-1]])
         self.n_tokens = pool.n_tokens
         target_docs = [target.tokens(i) for i in range(len(target))]
-        self.target: TokenStream = pack_documents(target_docs, proxy.seq_len)
+        self.target: TokenStream = pack_documents(target_docs, proxy.seq_len, target.tokenizer)
+        self.tokenizer = pool.tokenizer
         self.proxy, self.tokens, self.windows = proxy, tokens, windows
 
     def reward(self, subset: np.ndarray, seed: int) -> float:
         """−target loss of a fresh proxy trained on ``subset`` (packed in pool order)."""
         docs = [self.pool_tokens[self.starts[i] : self.starts[i] + self.n_tokens[i]] for i in np.sort(subset)]
-        model = train_proxy(pack_documents(docs, self.proxy.seq_len), self.proxy, seed, self.tokens).model
+        stream = pack_documents(docs, self.proxy.seq_len, self.tokenizer)
+        model = train_proxy(stream, self.proxy, seed, self.tokens).model
         return -target_loss(model, self.target, self.windows)
 
 

@@ -1,17 +1,21 @@
 """Train a small GPT proxy on packed documents; score documents and a target split with it.
 
-Documents are packed like the pool datamodule packs them (``[BOS] + bytes`` back to back; window
-``s`` is ``stream[s·T : s·T + T + 1]``). Training draws whole windows in a seeded order, so a run is
-a function of (documents, config, seed, token budget). Scoring covers every label position once
-(the last window padded and masked) and credits each prediction to the document its label
-belongs to; predictions of a boundary token are left out, so a document's loss is its mean nats
-per byte token and its bits-per-byte is Σ nats / (ln 2 · bytes).
+Documents are packed like the pool datamodule packs them (``[BOS] + tokens`` back to back; window
+``s`` is ``stream[s·T : s·T + T + 1]``). The proxy is the plugin's GPT built by
+:mod:`selection_callbacks.scoring.proxy_models` over the vocabulary of the tokenizer the stream was
+packed with (:func:`make_proxy`). Training draws whole windows in a seeded order, so a run is a
+function of (documents, config, seed, token budget). Scoring covers every label position once (the
+last window padded and masked) and credits each prediction to the document its label belongs to;
+predictions of a boundary token are left out, so a document's loss is its mean nats per token and
+its ``bpb`` is that over ln 2: bits per byte for the corpus' byte tokens
+(:class:`~selection_callbacks.data.tokenizer.ByteTokenizer`).
 
 Example::
 
-    run = train_proxy(pack_documents(docs, 128), ProxyConfig(), seed=0, checkpoints=(0.1, 1.0), score_on=stream)
+    stream = pack_documents([pool.tokens(i) for i in range(len(pool))], 128, pool.tokenizer)
+    run = train_proxy(stream, ProxyConfig(), seed=0, checkpoints=(0.1, 1.0), score_on=stream)
     run.scores[0.1].loss - run.scores[1.0].loss      # warmup delta per document
-    target_loss(run.model, pack_documents(target_docs, 128))
+    target_loss(run.model, pack_documents(target_docs, 128, target.tokenizer))
 """
 
 from __future__ import annotations
@@ -20,22 +24,29 @@ import math
 import time
 from collections.abc import Iterator, Sequence
 from dataclasses import dataclass, field
+from typing import Protocol
 
 import numpy as np
 import torch
 import torch.nn.functional as F
 from tqdm.auto import tqdm
 
-from selection_callbacks.nn.gpt import GPT, GPTConfig
+from selection_callbacks.nn.gpt import GPT
 from selection_callbacks.nn.optim import warmup_cosine
-from selection_callbacks.data.tokenizer import ByteTokenizer
+from selection_callbacks.scoring.proxy_models import gpt_proxy_config, initialised_proxy, padded_vocab
 
 __all__ = [
-    "BOS", "DocScores", "ProxyConfig", "ProxyRun", "TokenStream", "make_proxy", "pack_documents", "score_documents",
-    "target_head_gradient", "target_loss", "train_proxy",
+    "DocScores", "ProxyConfig", "ProxyRun", "StreamTokenizer", "TokenStream", "make_proxy", "pack_documents",
+    "score_documents", "target_head_gradient", "target_loss", "train_proxy",
 ]
 
-BOS = ByteTokenizer.bos_id
+
+class StreamTokenizer(Protocol):
+    """What a stream keeps of the tokenizer its documents were encoded with (:class:`ByteTokenizer`,
+    :class:`~selection_callbacks.data.hf_tokenizer.HFTokenizer`): its token ids and its boundary id."""
+
+    vocab_size: int
+    bos_id: int
 
 
 @dataclass
@@ -73,11 +84,15 @@ class TokenStream:
         tokens: int64 [L], the stream.
         doc_start: int64 [D], offset of each document's BOS.
         seq_len: T.
+        vocab_size: V, the token ids of the tokenizer the documents were encoded with (ids < V).
+        bos_id: that tokenizer's document-boundary id.
     """
 
     tokens: np.ndarray
     doc_start: np.ndarray
     seq_len: int
+    vocab_size: int
+    bos_id: int
 
     @property
     def n_docs(self) -> int:
@@ -96,28 +111,29 @@ class TokenStream:
     def windows(self, ids: np.ndarray) -> np.ndarray:
         """int64 [n, T+1]; positions past the stream read BOS (mask them by position)."""
         idx = np.asarray(ids, dtype=np.int64)[:, None] * self.seq_len + np.arange(self.seq_len + 1)[None, :]
-        out = np.full(idx.shape, BOS, dtype=np.int64)
+        out = np.full(idx.shape, self.bos_id, dtype=np.int64)
         inside = idx < self.tokens.size
         out[inside] = self.tokens[idx[inside]]
         return out
 
 
-def pack_documents(docs: Sequence[np.ndarray], seq_len: int) -> TokenStream:
-    """Concatenate tokenized documents (each starting with BOS) into a :class:`TokenStream`."""
+def pack_documents(docs: Sequence[np.ndarray], seq_len: int, tokenizer: StreamTokenizer) -> TokenStream:
+    """Concatenate documents ``tokenizer`` encoded (each starting with its BOS) into a :class:`TokenStream`."""
     if not docs:
         raise ValueError("no documents to pack")
     lengths = np.asarray([d.size for d in docs], dtype=np.int64)
     starts = np.concatenate([[0], np.cumsum(lengths)[:-1]])
-    return TokenStream(np.concatenate(docs).astype(np.int64), starts, seq_len)
+    tokens = np.concatenate(docs).astype(np.int64)
+    return TokenStream(tokens, starts, seq_len, int(tokenizer.vocab_size), int(tokenizer.bos_id))
 
 
 @dataclass
 class DocScores:
-    """Per-document scores under one checkpoint (NaN for a document without byte tokens).
+    """Per-document scores under one checkpoint (NaN for a document with no token besides its BOS).
 
     Attributes:
-        loss: float64 [D], mean nats per byte token.
-        bpb: float64 [D], bits per byte.
+        loss: float64 [D], mean nats per token (per byte for byte tokens).
+        bpb: float64 [D], loss / ln 2 (bits per byte for byte tokens).
         grad_align: float64 [D] or None, cosine of the document's output-head gradient with the
             target's mean output-head gradient.
     """
@@ -146,15 +162,21 @@ class ProxyRun:
     seconds: dict[str, float] = field(default_factory=dict)
 
 
-def make_proxy(cfg: ProxyConfig, seed: int) -> GPT:
-    """A freshly initialised proxy; the global torch RNG is left untouched."""
-    with torch.random.fork_rng(devices=[]):
-        torch.manual_seed(seed)
-        return GPT(
-            GPTConfig(
-                vocab_size=320, block_size=cfg.seq_len, n_layer=cfg.n_layer, n_head=cfg.n_head, n_embd=cfg.n_embd
-            )
-        )
+def make_proxy(cfg: ProxyConfig, vocab_size: int, seed: int) -> GPT:
+    """A freshly initialised proxy GPT of ``cfg``'s shape over ``vocab_size`` token ids, initialised under
+    ``torch.manual_seed(seed)``; the global torch RNG is left untouched.
+
+    Built by :func:`~selection_callbacks.scoring.proxy_models.initialised_proxy` from
+    :func:`~selection_callbacks.scoring.proxy_models.gpt_proxy_config`, the embedding rows
+    :func:`~selection_callbacks.scoring.proxy_models.padded_vocab` (a multiple of 64: 320 for the
+    corpus' 257 byte tokens, 4096 for a 4,096-token BPE) and the context ``cfg.seq_len``.
+
+    Example::
+
+        make_proxy(ProxyConfig(), pool.tokenizer.vocab_size, seed=0).config.vocab_size  # 320: 257 byte tokens
+    """
+    config = gpt_proxy_config(padded_vocab(vocab_size), cfg.seq_len, cfg.n_layer, cfg.n_embd, cfg.n_head)
+    return initialised_proxy(config, seed).model
 
 
 def train_proxy(
@@ -187,7 +209,7 @@ def train_proxy(
     at_step: dict[int, list[float]] = {}
     for f in checkpoints:
         at_step.setdefault(max(1, round(f * steps)), []).append(f)
-    model = make_proxy(cfg, seed)
+    model = make_proxy(cfg, train.vocab_size, seed)
     opt = torch.optim.AdamW(model.parameters(), lr=cfg.lr, betas=(0.9, 0.95), weight_decay=cfg.weight_decay)
     sched = torch.optim.lr_scheduler.LambdaLR(
         opt, warmup_cosine(max(1, round(cfg.warmup_fraction * steps)), steps, cfg.min_lr_ratio)
@@ -220,7 +242,7 @@ def train_proxy(
 
 @dataclass
 class _Chunk:
-    """One scoring batch, label positions in stream order: valid byte-label rows only."""
+    """One scoring batch, label positions in stream order: rows whose label is a token, not a boundary."""
 
     pos: np.ndarray  # int64 [n], stream position of each label
     nll: torch.Tensor  # [n]
@@ -234,6 +256,11 @@ def _chunks(
 ) -> Iterator[_Chunk]:
     if stream.seq_len > model.config.block_size:
         raise ValueError(f"stream T={stream.seq_len} exceeds the proxy's block_size {model.config.block_size}")
+    if stream.vocab_size > model.config.vocab_size:
+        raise ValueError(
+            f"the stream's tokenizer has {stream.vocab_size} token ids, the proxy's embedding "
+            f"{model.config.vocab_size} rows: score with a proxy trained on a stream of the same tokenizer"
+        )
     model.eval()
     captured: dict[str, torch.Tensor] = {}
     hook = model.lm_head.register_forward_hook(lambda m, inp, out: captured.__setitem__("h", inp[0]))
@@ -247,7 +274,7 @@ def _chunks(
                 logits = logits.float()
             labels = w[:, 1:].flatten()
             pos = (ids[:, None] * T + 1 + np.arange(T)[None, :]).ravel()
-            keep = torch.from_numpy(pos < stream.tokens.size) & (labels != BOS)
+            keep = torch.from_numpy(pos < stream.tokens.size) & (labels != stream.bos_id)
             logp = torch.log_softmax(logits[keep], dim=-1)
             y = labels[keep]
             nll = -logp.gather(1, y[:, None])[:, 0]
@@ -262,14 +289,15 @@ def _chunks(
 
 
 def target_head_gradient(model: GPT, target: TokenStream, batch_windows: int = 64) -> torch.Tensor:
-    """Ḡ = mean over the target's byte labels of (softmax − onehot)·hᵀ: the output head's gradient, [V, d]."""
+    """Ḡ = mean over the target's token labels (boundaries left out) of (softmax − onehot)·hᵀ: the output head's
+    gradient, [V, d]."""
     total, count = None, 0
     for c in _chunks(model, target, np.arange(target.n_eval_windows), batch_windows, head_grad=True):
         g = c.err.T @ c.hidden
         total = g if total is None else total + g
         count += c.pos.size
     if total is None or count == 0:
-        raise ValueError("the target stream holds no byte tokens")
+        raise ValueError("the target stream holds no token besides document boundaries")
     return total / count
 
 
@@ -315,7 +343,7 @@ def score_documents(
 
 
 def target_loss(model: GPT, target: TokenStream, max_windows: int | None = None, batch_windows: int = 64) -> float:
-    """Mean nats per byte token of the target (``max_windows`` evenly spaced windows when capped)."""
+    """Mean nats per token of the target, per byte for byte tokens (``max_windows`` evenly spaced windows if capped)."""
     n = target.n_eval_windows
     ids = np.arange(n)
     if max_windows is not None and max_windows < n:
@@ -325,5 +353,5 @@ def target_loss(model: GPT, target: TokenStream, max_windows: int | None = None,
         nats += float(c.nll.double().sum())
         count += c.pos.size
     if count == 0:
-        raise ValueError("the target stream holds no byte tokens")
+        raise ValueError("the target stream holds no token besides document boundaries")
     return nats / count

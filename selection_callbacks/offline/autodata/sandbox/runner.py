@@ -1,12 +1,12 @@
 """The recipe sandbox: code recipes run in a fresh, kernel-confined interpreter.
 
-:func:`run_code` starts ``python -I sandbox_child.py`` (spawned, not forked: it holds none of this
+:func:`run_code` starts ``python -I child.py`` (spawned, not forked: it holds none of this
 process's state) with an environment of single-threaded BLAS settings only (``CHILD_ENV``), sends the
 recipe source and the feature table on its stdin and reads its answer from stdout, capped at what a
 list of the table's indices can take. After its imports the child can read the interpreter's files and nothing else; it cannot open
 sockets, start processes or signal others, and cannot create, write, rename or delete files; its
 memory, CPU seconds and wall-clock seconds are bounded by :class:`SandboxLimits`
-(:mod:`sandbox_guard` says how: rlimits, Landlock and seccomp). A recipe that breaks a rule fails
+(:mod:`guard` says how: rlimits, Landlock and seccomp). A recipe that breaks a rule fails
 with a :class:`RecipeError` that starts with the rule's category: ``file system:``, ``network:``,
 ``process:``, ``memory:`` or ``time:``.
 
@@ -31,15 +31,16 @@ from pathlib import Path
 
 import numpy as np
 
-from selection_callbacks.offline.autodata import sandbox_guard
 from selection_callbacks.offline.autodata.capped import OutputTooLarge, run_capped
-from selection_callbacks.offline.autodata.recipe import FeatureTable, RecipeError, check_subset
-from selection_callbacks.offline.autodata.sandbox_limits import SandboxLimits
-from selection_callbacks.offline.corpus import Budget
+from selection_callbacks.offline.autodata.evaluation import FeatureTable, check_subset
+from selection_callbacks.offline.autodata.sandbox import guard
+from selection_callbacks.offline.autodata.sandbox.limits import SandboxLimits
+from selection_callbacks.offline.autodata.schema import RecipeError
+from selection_callbacks.offline.common.corpus import Budget
 
 __all__ = ["MESSAGE_CHARS", "SandboxLimits", "missing_mechanisms", "run_code", "truncate"]
 
-CHILD = Path(__file__).resolve().parent / "sandbox_child.py"
+CHILD = Path(__file__).resolve().parent / "child.py"
 CHILD_ENV = {"OPENBLAS_NUM_THREADS": "1", "OMP_NUM_THREADS": "1", "MKL_NUM_THREADS": "1"}
 MESSAGE_CHARS = 2000
 N_TOKENS = "__n_tokens__"
@@ -48,7 +49,7 @@ N_TOKENS = "__n_tokens__"
 @functools.lru_cache(maxsize=1)
 def missing_mechanisms() -> tuple[str, ...]:
     """The kernel mechanisms the sandbox needs and this machine lacks (empty when it has them all)."""
-    return tuple(sandbox_guard.missing())
+    return tuple(guard.missing())
 
 
 def truncate(message: str, limit: int = MESSAGE_CHARS) -> str:
@@ -75,7 +76,7 @@ def _refuse_without_mechanisms(trust_code: bool) -> tuple[str, ...]:
         raise RecipeError(
             f"code recipes run only in the kernel sandbox, and this kernel lacks {' and '.join(missing)}; "
             "use a term recipe, or pass --trust-recipe-code to run code with your own rights")
-    return tuple(m for m in sandbox_guard.MECHANISMS if m not in missing)
+    return tuple(m for m in guard.MECHANISMS if m not in missing)
 
 
 def run_code(source: str, filename: str, table: FeatureTable, budget: Budget, seed: int, limits: SandboxLimits,

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from selection_callbacks.offline.corpus import Budget, Corpus, Selection, SelectionError
+from selection_callbacks.offline.common.corpus import Budget, Corpus, Selection, SelectionError
 
 __all__ = ["OracleConfig", "oracle_order", "select_oracle"]
 

@@ -15,7 +15,7 @@ import re
 
 import numpy as np
 
-from selection_callbacks.offline.features import FeatureBank
+from selection_callbacks.offline.common.features import FeatureBank
 
 __all__ = ["BANK_QUALITY", "bank_quality", "heuristic_quality", "standardise", "text_heuristics"]
 

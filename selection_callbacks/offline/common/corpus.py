@@ -50,9 +50,15 @@ class Corpus:
     def __len__(self) -> int:
         return len(self.texts)
 
+    @property
+    def tokenizer(self) -> ByteTokenizer:
+        """The tokenizer of :meth:`tokens` and ``n_tokens``: UTF-8 bytes and a boundary token (``vocab_size``
+        257, ``bos_id`` 256), what a proxy trained on these documents embeds."""
+        return ByteTokenizer()
+
     def tokens(self, i: int) -> np.ndarray:
         """uint16 ``[BOS] + utf8(text)`` of document ``i``."""
-        return ByteTokenizer().encode_document(self.texts[i])
+        return self.tokenizer.encode_document(self.texts[i])
 
 
 def load_corpus(path: str | Path, name: str = "pool") -> Corpus:

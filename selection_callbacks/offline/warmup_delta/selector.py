@@ -27,8 +27,8 @@ from dataclasses import dataclass, field
 
 import numpy as np
 
-from selection_callbacks.offline.corpus import Budget, Corpus, Selection
-from selection_callbacks.offline.features import FeatureConfig, feature_bank
+from selection_callbacks.offline.common.corpus import Budget, Corpus, Selection
+from selection_callbacks.offline.common.features import FeatureConfig, feature_bank
 
 __all__ = ["WarmupDeltaConfig", "delta_order", "select_warmup_delta"]
 

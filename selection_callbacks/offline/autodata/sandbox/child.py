@@ -1,10 +1,10 @@
 """The sandbox child: runs one code recipe confined by the kernel and answers with its indices.
 
-Started as ``python -I sandbox_child.py`` with an empty environment (but single-threaded BLAS) by
-:mod:`selection_callbacks.offline.autodata.sandbox`, which writes the request on stdin: one JSON
+Started as ``python -I child.py`` with an empty environment (but single-threaded BLAS) by
+:mod:`selection_callbacks.offline.autodata.sandbox.runner`, which writes the request on stdin: one JSON
 line (``code``, ``filename``, ``seed``, ``budget``, ``memory_mb``, ``cpu_seconds``,
 ``mechanisms``) and then the feature table as an ``.npz`` (no pickles). The child imports what it
-needs, confines itself with :func:`sandbox_guard.confine` (read-only interpreter files, nothing
+needs, confines itself with :func:`guard.confine` (read-only interpreter files, nothing
 else), runs ``select(table, n_tokens, budget, rng)`` and writes one JSON line on its original stdout::
 
     {"kind": "ok", "indices": [...]}
@@ -16,7 +16,7 @@ The recipe's own prints go to /dev/null. Error messages name the exception and t
 
 Example (what the parent does)::
 
-    printf '%s\\n' '{"code": "...", ...}' | cat - table.npz | env -i python -I sandbox_child.py
+    printf '%s\\n' '{"code": "...", ...}' | cat - table.npz | env -i python -I child.py
 """
 
 import io
@@ -29,7 +29,7 @@ sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
 import numpy as np  # noqa: E402 - imported before the sandbox closes the file system
 
-import sandbox_guard  # noqa: E402
+import guard  # noqa: E402
 
 del sys.path[0]  # recipes import from the interpreter's folders only
 
@@ -68,8 +68,8 @@ def category(error: BaseException) -> str | None:
     while seen is not None:
         if isinstance(seen, MemoryError):
             return "memory"
-        if isinstance(seen, OSError) and seen.errno in sandbox_guard.CATEGORY_OF_ERRNO:
-            return sandbox_guard.CATEGORY_OF_ERRNO[seen.errno]
+        if isinstance(seen, OSError) and seen.errno in guard.CATEGORY_OF_ERRNO:
+            return guard.CATEGORY_OF_ERRNO[seen.errno]
         seen = seen.__cause__ or seen.__context__
     return None
 
@@ -104,7 +104,7 @@ def main() -> None:
         columns = {name: z[name] for name in z.files}
     n_tokens = columns.pop(N_TOKENS)
     try:
-        sandbox_guard.confine(sandbox_guard.interpreter_paths(), request["memory_mb"] << 20,
+        guard.confine(guard.interpreter_paths(), request["memory_mb"] << 20,
                               request["cpu_seconds"], tuple(request["mechanisms"]))
     except OSError as e:
         reply = {"kind": "unavailable", "message": str(e)}

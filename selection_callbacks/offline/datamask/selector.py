@@ -35,15 +35,14 @@ import torch
 from tqdm.auto import tqdm
 
 from selection_callbacks.core.sampling import gumbel_noise
-from selection_callbacks.offline.corpus import Budget, Corpus, Selection
-from selection_callbacks.offline.embeddings import make_embedder
-from selection_callbacks.offline.features import FeatureConfig, feature_bank
-from selection_callbacks.offline.quality import bank_quality, heuristic_quality, standardise
+from selection_callbacks.offline.common.corpus import Budget, Corpus, Selection
+from selection_callbacks.offline.common.embeddings import make_embedder
+from selection_callbacks.offline.common.features import FeatureConfig, feature_bank
+from selection_callbacks.offline.common.quality import bank_quality, heuristic_quality, standardise
 
 __all__ = [
     "DIVERSITIES", "DatamaskConfig", "DatamaskResult", "datamask", "gumbel_top_s",
     "mask_selection", "mask_sums", "pairwise_diversity", "plackett_luce_grad", "select_datamask",
-    "text_heuristics",
 ]
 
 DIVERSITIES = ("pairwise", "facility")

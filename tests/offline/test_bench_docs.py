@@ -1,4 +1,4 @@
-"""Bench-Proxy and the offline embedders."""
+"""Bench-Docs and the offline embedders."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from selection_callbacks.offline import bench_proxy as bp
-from selection_callbacks.offline.embeddings import HashedNgramEmbedder, make_embedder
+from selection_callbacks.offline import bench_docs
+from selection_callbacks.offline.common.embeddings import HashedNgramEmbedder, make_embedder
 
 
 def test_hashed_embeddings_are_unit_and_stable() -> None:
@@ -33,9 +33,9 @@ def test_auto_embedder_uses_minilm_when_installed_else_hashed() -> None:
             make_embedder("minilm")
 
 
-def test_bench_proxy_keeps_target_like_documents_up_to_budget(tiny_corpus, tmp_path: Path) -> None:
-    out = tmp_path / "proxy.jsonl"
-    summary = bp.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--budget-tokens", "20000",
+def test_bench_docs_keeps_target_like_documents_up_to_budget(tiny_corpus, tmp_path: Path) -> None:
+    out = tmp_path / "bench_docs.jsonl"
+    summary = bench_docs.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--budget-tokens", "20000",
                        "--out", str(out), "--embedder", "hashed"])
     rows = [json.loads(line) for line in out.read_text().splitlines()]
     assert summary["documents"] == len(rows) and summary["tokens"] >= 20000
@@ -44,7 +44,7 @@ def test_bench_proxy_keeps_target_like_documents_up_to_budget(tiny_corpus, tmp_p
     assert [r["score"] for r in rows] == sorted((r["score"] for r in rows), reverse=True)
 
 
-def test_bench_proxy_rejects_empty_input(tiny_corpus, tmp_path: Path) -> None:
+def test_bench_docs_rejects_empty_input(tiny_corpus, tmp_path: Path) -> None:
     (tmp_path / "empty.jsonl").write_text("")
     with pytest.raises(ValueError, match="empty target"):
-        bp.bench_proxy(tiny_corpus["pool"], str(tmp_path / "empty.jsonl"), 100, tmp_path / "o.jsonl", HashedNgramEmbedder())
+        bench_docs.write_bench_docs(tiny_corpus["pool"], str(tmp_path / "empty.jsonl"), 100, tmp_path / "o.jsonl", HashedNgramEmbedder())

@@ -1,6 +1,6 @@
 """Kernel confinement of the calling process: resource limits, no capabilities, Landlock and seccomp.
 
-The sandbox child (:mod:`sandbox_child`) imports this module by path, with the standard library
+The sandbox child (:mod:`child`) imports this module by path, with the standard library
 only, and calls :func:`confine` after its own imports and before it runs a recipe. Each layer is a
 kernel mechanism, so nothing the recipe does in Python (ctypes included) lifts it:
 
@@ -22,8 +22,8 @@ The errno tells the child which category a denied action belongs to (:data:`CATE
 
 Example::
 
-    import sandbox_guard
-    sandbox_guard.confine(sandbox_guard.interpreter_paths(), memory_bytes=1 << 30, cpu_seconds=10,
+    import guard
+    guard.confine(guard.interpreter_paths(), memory_bytes=1 << 30, cpu_seconds=10,
                           mechanisms=("landlock", "seccomp"))
 """
 

@@ -1,9 +1,9 @@
-"""Bench-Proxy: a proxy set from the pool documents closest to a benchmark/target set.
+"""Bench-Docs: the pool documents nearest a benchmark (or target) set, a document set to align to.
 
-    selection-callbacks bench-proxy --pool data/default/pool.jsonl \
-        --target data/default/target.jsonl --budget-tokens 200000 --out data/bench_proxy.jsonl
+    selection-callbacks bench-docs --pool data/default/pool.jsonl \
+        --target data/default/target.jsonl --budget-tokens 200000 --out data/bench_docs.jsonl
 
-(``python -m selection_callbacks.offline.bench_proxy`` takes the same arguments.)
+(``python -m selection_callbacks.offline.bench_docs`` takes the same arguments.)
 
 Each pool document is scored by its maximum cosine similarity to any target document; documents
 are kept in descending score until the token budget (byte tokens) is reached. The output is a
@@ -22,7 +22,9 @@ import numpy as np
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.data.readers import Document, iter_documents
-from selection_callbacks.offline.embeddings import Embedder, make_embedder
+from selection_callbacks.offline.common.embeddings import Embedder, make_embedder
+
+__all__ = ["build_parser", "main", "max_cosine", "run", "write_bench_docs"]
 
 
 def max_cosine(pool: np.ndarray, target: np.ndarray, chunk: int = 4096) -> np.ndarray:
@@ -30,7 +32,7 @@ def max_cosine(pool: np.ndarray, target: np.ndarray, chunk: int = 4096) -> np.nd
     return np.concatenate([(pool[i : i + chunk] @ target.T).max(1) for i in range(0, pool.shape[0], chunk)])
 
 
-def bench_proxy(pool: str, target: str, budget_tokens: int, out: str | Path, embedder: Embedder) -> dict:
+def write_bench_docs(pool: str, target: str, budget_tokens: int, out: str | Path, embedder: Embedder) -> dict:
     """Write the top pool documents by max cosine to the target, up to ``budget_tokens``; returns a summary."""
     if budget_tokens < 1:
         raise ValueError(f"budget_tokens must be ≥ 1, got {budget_tokens}")
@@ -63,15 +65,15 @@ def bench_proxy(pool: str, target: str, budget_tokens: int, out: str | Path, emb
     }
 
 
-def build_parser(parent: ActionSubCommands | None = None, name: str = "bench-proxy") -> ArgumentParser:
-    """The ``bench-proxy`` command, standalone or as subcommand ``name`` of ``parent``."""
+def build_parser(parent: ActionSubCommands | None = None, name: str = "bench-docs") -> ArgumentParser:
+    """The ``bench-docs`` command, standalone or as subcommand ``name`` of ``parent``."""
     description = __doc__.split("\n\n")[0]
-    p = ArgumentParser(prog="python -m selection_callbacks.offline.bench_proxy", description=description)
+    p = ArgumentParser(prog="python -m selection_callbacks.offline.bench_docs", description=description)
     p.add_argument("--pool", required=True, help="candidate documents (jsonl, parquet or a folder of text)")
     p.add_argument("--target", required=True, help="benchmark/target documents (never the val split)")
     p.add_argument("--budget-tokens", type=int, required=True,
                    help="keep the closest documents until they hold ≥ this many byte tokens")
-    p.add_argument("--out", required=True, help="proxy jsonl to write (id, text, domain, score)")
+    p.add_argument("--out", required=True, help="Bench-Docs jsonl to write (id, text, domain, score)")
     p.add_argument("--embedder", choices=["auto", "minilm", "hashed"], default="auto",
                    help="document embeddings: minilm, hashed n-grams, or auto (MiniLM when installed, else hashed)")
     if parent is not None:
@@ -80,14 +82,14 @@ def build_parser(parent: ActionSubCommands | None = None, name: str = "bench-pro
 
 
 def run(a: Namespace) -> dict:
-    """Write the proxy set a ``build_parser()`` namespace describes; prints and returns the summary."""
-    summary = bench_proxy(a.pool, a.target, a.budget_tokens, a.out, make_embedder(a.embedder))
+    """Write the Bench-Docs set a ``build_parser()`` namespace describes; prints and returns the summary."""
+    summary = write_bench_docs(a.pool, a.target, a.budget_tokens, a.out, make_embedder(a.embedder))
     print(json.dumps(summary, indent=1))
     return summary
 
 
 def main(argv: list[str] | None = None) -> dict:
-    """``python -m selection_callbacks.offline.bench_proxy``: parse ``argv``, write the set, return the summary."""
+    """``python -m selection_callbacks.offline.bench_docs``: parse ``argv``, write the set, return the summary."""
     return run(build_parser().parse_args(argv))
 
 

@@ -20,7 +20,7 @@ import numpy as np
 from tqdm.auto import tqdm
 
 from selection_callbacks.core.sampling import gumbel_order
-from selection_callbacks.offline.corpus import Budget, Corpus, Selection
+from selection_callbacks.offline.common.corpus import Budget, Corpus, Selection
 
 __all__ = [
     "DSIRConfig", "bucket_log_ratio", "hashed_ngrams", "log_importance", "resample", "select_dsir", "target_bucket_counts",

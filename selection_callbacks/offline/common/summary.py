@@ -15,7 +15,7 @@ from typing import Any, Protocol
 import numpy as np
 
 from selection_callbacks.data.subset import write_subset
-from selection_callbacks.offline.corpus import Budget, Selection
+from selection_callbacks.offline.common.corpus import Budget, Selection
 
 __all__ = ["QUANTILES", "PoolIndex", "SelectionRun", "composition", "print_summary", "write_selection"]
 
