@@ -203,6 +203,7 @@ def plot(cells: list[dict[str, Any]], rows: dict[str, dict[str, Any]], methods: 
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
+    from matplotlib.ticker import NullFormatter, ScalarFormatter
 
     names = [m for m in methods if m != "random"]
     scales = list(dict.fromkeys(c["name"] for c in cells))
@@ -228,6 +229,8 @@ def plot(cells: list[dict[str, Any]], rows: dict[str, dict[str, Any]], methods: 
                     centres.append(centre)
                 ax.plot(xs, centres, "o-", color=color, label=scale)
             ax.set_xscale("log")
+            ax.xaxis.set_major_formatter(ScalarFormatter())
+            ax.xaxis.set_minor_formatter(NullFormatter())  # the log axis' minor labels overlap over one decade
             ax.set_title(name, fontsize=9)
             ax.set_xlabel("update tokens per parameter")
             ax.grid(alpha=0.3)
