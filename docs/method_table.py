@@ -22,7 +22,16 @@ The second table, "by model size", reads the ladder's ``bench/results/ladder/lad
 (``bench.harness.ladder``): per online method and rung, Δ with its paired p, the in-run step × and wall-clock to
 random's final bpb with one-offs charged (the mean over seeds).
 
-The module reads only ``results.json``, ``steptime.json`` and ``ladder.json`` files under ``bench/results``.
+The pool table, which leads, sets the online methods side by side on the three pools at cpu-tiny and 2,048,000
+update tokens, each against random tuned on that pool: per cell Δ with its paired p and the update tokens to random's
+final bpb over random's (mean of the seeds that reach it), from each pool's ``results.json`` (``POOLS``).
+
+The run-length table reads the horizon report's ``bench/results/horizons/horizons.json`` (``bench.harness.horizons``):
+per online method and cell (scale and run length, on the Debian pool), Δ with its paired p, tokens × and wall-clock
+to random's final bpb with one-offs charged.
+
+The module reads only ``results.json``, ``steptime.json``, ``ladder.json`` and ``horizons.json`` files under
+``bench/results``.
 """
 
 from __future__ import annotations
@@ -39,11 +48,18 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python docs/method_table.py`: the bench package is at the repository root
     sys.path.insert(0, str(ROOT))
 from bench.harness.intervals import t_half_width  # noqa: E402
+from bench.harness.report import summarize  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 START, END = "<!-- method-table:start -->", "<!-- method-table:end -->"
 SIZE_START, SIZE_END = "<!-- size-table:start -->", "<!-- size-table:end -->"
+POOL_START, POOL_END = "<!-- pool-table:start -->", "<!-- pool-table:end -->"
+HORIZON_START, HORIZON_END = "<!-- horizon-table:start -->", "<!-- horizon-table:end -->"
 LADDER = "ladder/ladder.json"
+HORIZONS = "horizons/horizons.json"
+POOLS = (("Debian packages' files", "horizons/cpu-tiny-2M"), ("Python wheels' files", "horizons/packages-cpu-tiny-2M"),
+         ("default (with synthetic noise)", "default-adamw"))
+"""The pool table's columns, the pool most like users' data first: (label, comparison folder at cpu-tiny, 2M tokens)."""
 SIZE_METHODS = (("RHO-LOSS, 16-token windows", "rho@score_len=16"), ("ClassAct", "classact"), ("OPUS", "opus"),
                 ("oracle (online)", "oracle"))
 STEPTIMES = ("steptime/cpu-tiny-adamw-inrun", "steptime/cpu-tiny-adamw-loss-inrun")
@@ -192,6 +208,50 @@ def render_sizes() -> str:
     return "\n".join(lines) + "\n"
 
 
+def p_text(p: float) -> str:
+    return "p < 0.001" if p < 0.001 else f"p {p:.3f}"
+
+
+def reached_text(ratios: list[float | None], what: str) -> str:
+    """``"0.74× tokens"``: the mean over the seeds that reach random's final bpb, with how many where not all do."""
+    reached = [t for t in ratios if t is not None]
+    if not reached:
+        return f"{what} not reached"
+    share = "" if len(reached) == len(ratios) else f" ({len(reached)}/{len(ratios)} seeds)"
+    return f"{np.mean(reached):.2f}× {what}{share}"
+
+
+def render_pools() -> str:
+    """The by-pool table: a column per pool of ``POOLS``, a row per online method of ``SIZE_METHODS``."""
+    summaries = [summarize(load(f"{folder}/results.json")) if (RESULTS / folder / "results.json").exists() else {}
+                 for _, folder in POOLS]  # a pool not yet measured shows "–"
+    lines = ["| method | " + " | ".join(f"[{label}](bench/results/{folder}/README.md)" if summary else label
+                                       for (label, folder), summary in zip(POOLS, summaries)) + " |",
+             "|---|" + "---:|" * len(POOLS)]
+    for label, name in SIZE_METHODS:
+        cells = ["–" if name not in summary else f"{summary[name]['diff_mean']:+.3f} ({p_text(summary[name]['p_value'])}), "
+                 f"{reached_text(summary[name]['tokens_to_random'], 'tokens')}" for summary in summaries]
+        lines.append(f"| {label} | " + " | ".join(cells) + " |")
+    return "\n".join(lines) + "\n"
+
+
+def render_horizons() -> str:
+    """The by-run-length table from the horizon report: a column per cell (by scale, then run length)."""
+    report = load(HORIZONS)
+    cells = sorted(report["cells"], key=lambda c: (c["params"], c["tokens"]))
+    lines = ["| method | " + " | ".join(f"{c['name']}, {c['tokens'] / 1e6:.1f}M tokens ({c['tokens_per_param']:.0f} per "
+                                          "parameter)" for c in cells) + " |",
+             "|---|" + "---:|" * len(cells)]
+    for label, name in SIZE_METHODS:
+        row = []
+        for c in cells:
+            r = report["rows"][c["cell"]].get(name)
+            row.append("–" if r is None else f"{r['diff_mean']:+.3f} ({p_text(r['p_value'])}), "
+                       f"{reached_text(r['tokens'], 'tokens')}, {reached_text(r['wall_charged'], 'wall')}")
+        lines.append(f"| {label} | " + " | ".join(row) + " |")
+    return "\n".join(lines) + "\n"
+
+
 def replaced(text: str, table: str, start: str = START, end: str = END) -> str:
     """``text`` with everything between the markers ``start`` and ``end`` replaced by ``table``."""
     head, rest = text.split(start, 1)
@@ -200,7 +260,9 @@ def replaced(text: str, table: str, start: str = START, end: str = END) -> str:
 
 
 def regenerated(text: str) -> str:
-    """README.md's text with both tables rewritten from the results."""
+    """README.md's text with its four tables rewritten from the results."""
+    text = replaced(text, render_pools(), POOL_START, POOL_END)
+    text = replaced(text, render_horizons(), HORIZON_START, HORIZON_END)
     return replaced(replaced(text, render()), render_sizes(), SIZE_START, SIZE_END)
 
 
