@@ -2,10 +2,10 @@
 
     python -m bench.studies.ghost --out bench/results/ghost.json
 
-For a GPT of ~11M parameters and N = 16, 32, 64 candidates (+ a proxy batch), each variant runs in
+For a GPT of ~11M parameters and N = 16, 32, 64 candidates (+ a target batch), each variant runs in
 its own subprocess so peak RSS only rises within it:
 - ``engine``: GhostEngine, exact utilities + TensorSketch (live AdamW map), candidates
-  in passes of ``--engine-chunk`` rows, the proxy rows with the first (activation memory flat in N);
+  in passes of ``--engine-chunk`` rows, the target rows with the first (activation memory flat in N);
 - ``naive``: chunked ``vmap(grad)`` per-sample gradients of the scored weights, the same (exact)
   map, utilities and the same hash family applied to the materialised P G_i;
 - ``naive_full``: the same with all N per-sample gradients at once (no chunking): memory ∝ N;
@@ -160,7 +160,7 @@ def prepare_naive(model, opt, rows, args, chunk: int | None = None) -> Callable[
         maps = {k: OptimizerStepMaps(opt)([params[k]], gbar[k][None]) for k in names}
         utilities = []
         for i in range(0, args.n, chunk):
-            j = min(i + chunk, args.n)  # candidates only, never the proxy rows after them
+            j = min(i + chunk, args.n)  # candidates only, never the target rows after them
             G = per_sample(scored, rows["input_ids"][i:j], rows["labels"][i:j])
             u, sketch = 0.0, torch.zeros(G[names[0]].shape[0], args.sketch_dim, device=args.device)
             for k in names:

@@ -20,7 +20,7 @@ from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 from selection_callbacks.scoring.maps.step_maps import IdentityStepMaps, OptimizerStepMaps
 from selection_callbacks.scoring.maps.muon import NewtonSchulz, newton_schulz_left_factor
 
-N_CAND, N_PROXY, T = 5, 3, 8
+N_CAND, N_TARGET, T = 5, 3, 8
 STACK_BY_DEFAULT = ghost.stack_by_default  # the engine's own rule (the fixture below replaces it)
 
 
@@ -49,7 +49,7 @@ def trained(name: str, steps: int = 3, bias: bool = False, seed: int = 0):
     return model, opt
 
 
-def rows(seed: int = 1, n: int = N_CAND + N_PROXY):
+def rows(seed: int = 1, n: int = N_CAND + N_TARGET):
     ids = torch.randint(0, 64, (n, T + 1), generator=torch.Generator().manual_seed(seed))
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
 
@@ -304,9 +304,9 @@ def test_identity_maps_are_plain_gradient_inner_product() -> None:
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-8)
 
 
-def test_rows_must_hold_candidates_and_proxy() -> None:
+def test_rows_must_hold_candidates_and_target_rows() -> None:
     model, opt = trained("sgd", 0)
-    with pytest.raises(ValueError, match="≥ 1 proxy row"):
+    with pytest.raises(ValueError, match="≥ 1 target row"):
         GhostEngine(model).score(row_losses(model), rows(n=5), 5, OptimizerStepMaps(opt))
 
 
@@ -369,7 +369,7 @@ def test_biases_enter_sketches_and_norms() -> None:
 def test_adamw_map_stays_bounded_on_unseen_embedding_rows() -> None:
     model, opt = trained("adamw", 0)
     gbar = torch.zeros_like(model.wte.weight)
-    gbar[:3] = 1e-3  # the proxy touches three rows only
+    gbar[:3] = 1e-3  # the target rows touch three rows only
     P = OptimizerStepMaps(opt)([model.wte.weight], gbar[None])
     scale = P.C * P.D[0]
     # untouched rows are capped by the tensor floor: 1/√(0.01·mean v) instead of lr/ε (~1e5 × the touched rows)
@@ -409,10 +409,10 @@ def test_muon_factor_equals_the_explicit_iteration(shape) -> None:
 
 @pytest.mark.parametrize("opt_name,sketch", [("adamw", "tensor"), ("adamw", "count"), ("muon", "tensor"), ("sgd", "two_sided")])
 def test_candidate_chunks_give_the_one_pass_scores(opt_name: str, sketch: str) -> None:
-    """Candidate chunks, the proxy rows riding with the first (flat activation memory) = one pass over all rows."""
+    """Candidate chunks, the target rows riding with the first (flat activation memory) = one pass over all rows."""
     model, opt = trained(opt_name, bias=opt_name == "sgd")
     embedding = sketch != "two_sided"
-    batch, resolver = rows(n=11 + N_PROXY), OptimizerStepMaps(opt)
+    batch, resolver = rows(n=11 + N_TARGET), OptimizerStepMaps(opt)
     kwargs = dict(include_embedding=embedding, include_head=True, sketch_dim=256, sketch=sketch, norms=True)
     one = GhostEngine(model, **kwargs).score(row_losses(model), batch, 11, resolver, seed=3)
     for chunk in (1, 4, 11):
@@ -451,7 +451,7 @@ def test_same_shaped_layers_with_and_without_bias_are_scored_apart() -> None:
     """Two 8×8 linears, one with a bias: both exact against per-row autograd gradients."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=True), torch.nn.Tanh(), torch.nn.Linear(8, 8, bias=False))
-    x = torch.randn(N_CAND + N_PROXY, 4, 8)
+    x = torch.randn(N_CAND + N_TARGET, 4, 8)
 
     def losses(batch):
         return net(batch["input_ids"]).pow(2).mean((1, 2))
@@ -467,7 +467,7 @@ def test_same_shaped_layers_on_different_token_counts_are_scored_apart() -> None
     """A pooler-like Linear on one token beside a same-shaped Linear on all tokens: not stacked, both exact."""
     torch.manual_seed(0)
     body, pool = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
-    x = torch.randn(N_CAND + N_PROXY, 5, 8)
+    x = torch.randn(N_CAND + N_TARGET, 5, 8)
 
     def losses(batch):
         h = torch.tanh(body(batch["input_ids"]))

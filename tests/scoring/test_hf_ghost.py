@@ -28,7 +28,7 @@ from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, sketch
 from tests.support.per_sample_gradients import brute_force, per_sample_grads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-N_CAND, N_PROXY, T = 5, 3, 8
+N_CAND, N_TARGET, T = 5, 3, 8
 # (config, tie_word_embeddings): each model as its config ships and with the other choice of head
 MODELS = [("llama", True), ("llama", False), ("gpt2", True), ("gpt2", False), ("qwen2", False), ("qwen2", True)]
 
@@ -47,7 +47,7 @@ def _model(name: str, tied: bool) -> LitCausalLM:
     return LitCausalLM(config)
 
 
-def _rows(n: int = N_CAND + N_PROXY, seed: int = 1) -> dict[str, torch.Tensor]:
+def _rows(n: int = N_CAND + N_TARGET, seed: int = 1) -> dict[str, torch.Tensor]:
     ids = torch.randint(0, 256, (n, T + 1), generator=torch.Generator().manual_seed(seed))
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
 

@@ -1,17 +1,17 @@
 """The ghost-gradient engine: per-sample gradient geometry from one forward/backward, no per-sample gradients.
 
-One forward over R = N candidate rows ++ P proxy rows and one backward capture each scored layer's inputs a
+One forward over R = N candidate rows ++ P target rows and one backward capture each scored layer's inputs a
 and output gradients b (:mod:`~selection_callbacks.scoring.ghost.capture`); no parameter ``.grad`` is read or
 written (gradient accumulation and DDP buckets are untouched). Layers are scored inside the backward, as soon
 as their output gradients arrive, by the scorer registered for their type
 (:mod:`~selection_callbacks.scoring.ghost.scorers`: linear layers, embeddings, a weight shared by several
-layers). With ``candidate_chunk`` the proxy rows ride with the first chunk of candidates (fixing each
+layers). With ``candidate_chunk`` the target rows ride with the first chunk of candidates (fixing each
 layer's P and Q) and the rest follow in chunks of their own, so activation memory does not grow with N. On an
 accelerator, layers of one shape and one optimizer group are stacked and scored together when the group's
 last gradient arrives (one kernel per group rather than per layer: a GPU is launch-bound at these sizes); on a
 CPU each layer is scored alone (stacking only copies there) unless its map gains from stacking. Per layer:
 
-- proxy direction ḡ = (1/P) Σ_p G_p and the utility vector Q = −Jᵀḡ of the step's derivative J
+- target direction ḡ = (1/P) Σ_p G_p and the utility vector Q = −Jᵀḡ of the step's derivative J
   (``OptimizerMap.utility_vector``; Q = P ḡ for the self-adjoint SGD and AdamW maps; Muon's J
   is the exact vector–Jacobian product of its Newton–Schulz iteration);
 - exact utilities u_i = ⟨G_i, Q⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
@@ -58,7 +58,7 @@ class GhostScores:
     Attributes:
         utilities: [N] Σ_layers ⟨G_i, −Jᵀḡ⟩ (= ⟨P G_i, ḡ⟩ for self-adjoint maps).
         layer_utilities: layer name → [N] (a weight and its bias together; a shared weight under its first layer).
-        losses: [R] per-row losses (candidates then proxy).
+        losses: [R] per-row losses (candidates then target rows).
         sketches: [N, m] or None.
         sq_norms: [N] Σ_layers ‖P G_i‖² or None.
         factor_error: layer name → ‖D − r cᵀ‖_F/‖D‖_F of AdamW's rank-1 factorisation (tensor/two-sided sketches;
@@ -86,7 +86,7 @@ class GhostScores:
 
 
 class GhostEngine:
-    """Scores candidates against a proxy batch with captured ghost gradients.
+    """Scores candidates against a target batch with captured ghost gradients.
 
     Example::
 
@@ -108,7 +108,7 @@ class GhostEngine:
         chunk: candidates per chunk where per-sample matrices are materialised.
         exclude: module names not to score (e.g. a layer applied twice per forward).
         candidate_chunk: score candidates in forward/backward passes of at most this many rows
-            (the proxy rows ride with the first), so activation memory stays flat in N (None: one
+            (the target rows ride with the first), so activation memory stays flat in N (None: one
             pass over all rows, the fastest for small N). Rows must not interact (no batch norm).
             Scores equal one pass's.
         stack_layers: score same-shaped layers of one optimizer group as one stack (None: on
@@ -188,23 +188,23 @@ class GhostEngine:
         probe: int = 0,
         factor_errors: bool = True,
     ) -> GhostScores:
-        """Scores of ``rows`` (candidates first, then ≥ 1 proxy rows) under the maps ``step_maps``.
+        """Scores of ``rows`` (candidates first, then ≥ 1 target rows) under the maps ``step_maps``.
 
         One forward/backward over all rows, or, with ``candidate_chunk`` = c < N, one over the
-        first c candidates and the proxy rows (which fix each layer's P and Q), then one per
+        first c candidates and the target rows (which fix each layer's P and Q), then one per
         further chunk of c candidates. ``probe`` = k ≥ 2 (with sketches) also forms P G_i of the first
         min(k, c) candidates in every layer and reports the sketch's error on them (``sketch_error``).
         ``factor_errors`` = False leaves out ``GhostScores.factor_error`` (a diagnostic: one pass over each
         AdamW layer's D); ρ, which picks the sketch path, is always computed.
 
         Raises:
-            ValueError: no candidate or no proxy row.
+            ValueError: no candidate or no target row.
             RuntimeError: a scored layer's capture did not fire (as under ``torch.compile``), or its output gradient
                 never arrived (its output does not reach the loss; :meth:`capture_problems` finds both before scoring).
         """
         n_rows = rows["input_ids"].shape[0]
         if not 0 < n_candidates < n_rows:
-            raise ValueError(f"need candidates and ≥ 1 proxy row: N={n_candidates} of R={n_rows} rows")
+            raise ValueError(f"need candidates and ≥ 1 target row: N={n_candidates} of R={n_rows} rows")
         self._params = registered_parameters(self.model, self.layers)
         fixed: dict[tuple[str, ...], FixedMaps] = {}
         c = min(self.candidate_chunk or n_candidates, n_candidates)
@@ -221,7 +221,7 @@ class GhostEngine:
         return self._collect(passes, fixed, c)
 
     def _collect(self, passes: list[PassState], fixed: dict[tuple[str, ...], FixedMaps], c: int) -> GhostScores:
-        """The scoring call's :class:`GhostScores` from its passes (the first carries c candidates and the proxy rows)."""
+        """The scoring call's :class:`GhostScores` from its passes (the first carries c candidates and the target rows)."""
         head = passes[0]
         losses = torch.cat([head.losses[:c], *(s.losses for s in passes[1:]), head.losses[c:]])
         order = [name for name, _ in self.layers if name in head.utilities]

@@ -2,7 +2,7 @@
 
 For a linear layer y_t = W a_t, sample i's gradient is G_i = Σ_t b_t a_tᵀ with b_t = ∂ℓ_i/∂y_t; a ``Conv1D``
 stores W as [in, out] (y_t = Wᵀ a_t) and is scored in its stored orientation, G_i = Σ_t a_t b_tᵀ, so the
-optimizer's map of the stored parameter applies as it is. Per stack of L layers: the proxy direction
+optimizer's map of the stored parameter applies as it is. Per stack of L layers: the target direction
 ḡ = (1/P) Σ_p G_p and Q = −Jᵀḡ, exact utilities u_i = ⟨G_i, Q⟩ = Σ_t b_tᵀ Q a_t, and optional sketches,
 probes and squared norms ‖P G_i‖².
 """
@@ -40,7 +40,7 @@ def score_linear(engine: GhostEngine, names: tuple[str, ...], state: PassState) 
     B, A, out = factors(engine.module(names[0]), stack(inputs), stack(grads))
     del inputs, grads
     fixed = state.fixed.get(names)
-    if fixed is None:  # the pass carrying the proxy rows fixes the group's maps
+    if fixed is None:  # the pass carrying the target rows fixes the group's maps
         fixed = state.fixed[names] = linear_maps(engine, names, B, A, out, state)
     if N == 0:
         return
@@ -88,9 +88,9 @@ def linear_maps(
     engine: GhostEngine, names: tuple[str, ...], B: torch.Tensor, A: torch.Tensor, out: torch.Tensor, state: PassState
 ) -> FixedMaps:
     """P and Q = −Jᵀḡ of the stacked linear layers ``names`` from the pass's B [L, n + P, T, rows],
-    A [L, n + P, T, cols] and output gradients ``out`` (for biases); the proxy rows fix ḡ."""
+    A [L, n + P, T, cols] and output gradients ``out`` (for biases); the target rows fix ḡ."""
     n = state.n
-    gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P, [L, rows, cols]
+    gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.target_rows())  # Σ_p Σ_t b aᵀ / P, [L, rows, cols]
     P = state.step_maps([engine.parameter(name) for name in names], gbar)
     fixed = FixedMaps(P, P.utility_vector(gbar))
     if engine.parameter(names[0], "bias") is not None:

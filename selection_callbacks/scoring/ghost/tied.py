@@ -1,7 +1,7 @@
 """Ghost scores of one weight shared by several layers (a head tied to the token embedding).
 
 The weight is one parameter: its per-sample gradient is the sum over its uses, G_i = Σ_k G_i^(k), so ḡ sums
-the uses' proxy gradients, P and Q = −Jᵀḡ are fixed once and u_i = Σ_k ⟨G_i^(k), Q⟩ is exact. The uses'
+the uses' target gradients, P and Q = −Jᵀḡ are fixed once and u_i = Σ_k ⟨G_i^(k), Q⟩ is exact. The uses'
 sketches go through one sketcher (a linear sketch of the sum); ‖P G_i‖² is taken over the materialised sum.
 It is scored once, under its first layer's name.
 """
@@ -68,7 +68,7 @@ def _uses(engine: GhostEngine, names: tuple[str, ...], state: PassState) -> list
 
 
 def _tied_maps(engine: GhostEngine, first: str, weight: torch.Tensor, uses: list[Use], state: PassState) -> FixedMaps:
-    """P and Q of the shared weight from the sum of its uses' proxy gradients."""
+    """P and Q of the shared weight from the sum of its uses' target gradients."""
     N = state.n
     gbar = torch.zeros(weight.shape, device=uses[0][2].device)
     for kind, left, right in uses:
@@ -76,7 +76,7 @@ def _tied_maps(engine: GhostEngine, first: str, weight: torch.Tensor, uses: list
             gbar.index_add_(0, left[N:].reshape(-1), right[N:].reshape(-1, right.shape[-1]))
         else:
             gbar += left[0, N:].flatten(0, 1).mT @ right[0, N:].flatten(0, 1)
-    gbar = gbar.div_(state.proxy_rows())[None]
+    gbar = gbar.div_(state.target_rows())[None]
     P = state.step_maps([weight], gbar)
     if any(kind == "embedding" for kind, *_ in uses):
         P = elementwise(first, P)

@@ -21,11 +21,11 @@ class DiagonalMap:
     ∂v'/∂g = 0 there) is diagonal: C = lr(1−β1)√(1−β2^(s+1))/(1−β1^(s+1)) and
     D = 1/(√(β2 x) + ε√(1−β2^(s+1))), P = −J, and ``utility_vector`` is ``apply``, with x = v, the
     derivative at g → 0. A layer whose v has not formed (every entry zero: before its first step) takes
-    x = (1−β2)/β2·ḡ², the proxy gradient's share of the next v, instead, where the derivative (lr/ε) would not
+    x = (1−β2)/β2·ḡ², the target gradient's share of the next v, instead, where the derivative (lr/ε) would not
     describe Adam's first, normalised step (C·D = lr/(|ḡ| + ε) there, Adam's first step on ḡ).
 
     x is floored at ``TENSOR_FLOOR`` times the layer's mean, for entries no step and no
-    proxy row has touched (embedding rows never seen), where D would otherwise explode. The map
+    target row has touched (embedding rows never seen), where D would otherwise explode. The map
     stores C/√β2 and √β2·D (the same map, one pass fewer over every weight).
     """
 
@@ -135,12 +135,12 @@ def adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn
         v = torch.maximum(_stacked_state(states, "max_exp_avg_sq", gbar) / beta2, v)
     bc2 = [1.0 - beta2 ** (s + 1) for s in steps]
     formed = v.flatten(1).amax(1) > 0
-    if bool(formed.all()):  # v itself: no pass over the proxy's share
+    if bool(formed.all()):  # v itself: no pass over the target gradient's share
         floor = TENSOR_FLOOR * v.flatten(1).mean(1)  # rows no step has touched
         x = torch.clamp(v, min=lead(floor, v.ndim))
-    else:  # v itself, the proxy's share (1 − β2)/β2·ḡ² of the next v only in layers whose v has not formed
+    else:  # v itself, the target gradient's share (1 − β2)/β2·ḡ² of the next v only in layers whose v has not formed
         x = torch.where(lead(formed, v.ndim), v, gbar.float().square().mul_((1 - beta2) / beta2))
-        floor = TENSOR_FLOOR * x.flatten(1).mean(1)  # rows neither trained nor in the proxy
+        floor = TENSOR_FLOOR * x.flatten(1).mean(1)  # rows neither trained nor in the target rows
         torch.maximum(x, lead(floor, x.ndim), out=x)
     # 1/(√(β2·x) + ε√bc2) = (1/√β2)·1/(√x + ε√(bc2/β2)): the 1/√β2 joins C (one pass fewer over every weight)
     C = per_layer([lr * (1 - beta1) * math.sqrt(b2 / beta2) / (1 - beta1 ** (s + 1)) for b2, s in zip(bc2, steps)], gbar.device)

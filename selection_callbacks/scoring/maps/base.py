@@ -1,7 +1,7 @@
 """What an optimizer map is, and the registry of the maps of torch's optimizers.
 
 Write the step torch takes on a fresh gradient g as Δθ(g). A candidate's utility is the first-order
-decrease of the proxy loss its gradient causes through that step, u_i = −⟨J G_i, ḡ⟩ = ⟨G_i, −Jᵀḡ⟩ with
+decrease of the target loss its gradient causes through that step, u_i = −⟨J G_i, ḡ⟩ = ⟨G_i, −Jᵀḡ⟩ with
 J = ∂Δθ/∂g at the map's stated evaluation point: ``utility_vector(ḡ)`` = −Jᵀḡ. The redundancy
 sketches use a frozen map P (Δθ ≈ −P g with the optimizer's state held fixed) through ``apply`` and
 ``token_factors``; for SGD and AdamW P = −J (diagonal, self-adjoint); for Muon P is Newton–Schulz
@@ -47,7 +47,7 @@ class OptimizerMap(Protocol):
         ...
 
     def utility_vector(self, gbar: torch.Tensor) -> torch.Tensor:
-        """−Jᵀ ḡ [L, *shape] for proxy gradients ``gbar`` [L, *shape]: u_i = ⟨G_i, −Jᵀḡ⟩."""
+        """−Jᵀ ḡ [L, *shape] for target gradients ``gbar`` [L, *shape]: u_i = ⟨G_i, −Jᵀḡ⟩."""
         ...
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -68,7 +68,7 @@ class StepMaps(Protocol):
         ...
 
     def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> OptimizerMap:
-        """The map of ``params`` (``gbar`` [L, *shape], the proxy gradients, stand in for missing state)."""
+        """The map of ``params`` (``gbar`` [L, *shape], the target gradients, stand in for missing state)."""
         ...
 
 

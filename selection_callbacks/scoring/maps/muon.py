@@ -144,7 +144,7 @@ class MuonMap:
     J = −lr_adj·coef·∂NS/∂U with coef = 1 − μ² (Nesterov) or 1 − μ, and ``utility_vector`` is
     lr_adj·coef·(∂NS/∂U)ᵀ ḡ at the evaluation point U(0) = μ²·buf (μ·buf without Nesterov), the fresh
     gradient's share taken to zero: the momentum torch's step will orthogonalise. At a layer's first step the
-    momentum is zero and the point is coef·ḡ, the update torch would take on the proxy gradient (NS has no
+    momentum is zero and the point is coef·ḡ, the update torch would take on the target gradient (NS has no
     derivative at 0).
 
     ``apply`` and ``token_factors`` are the frozen map the sketches use: Newton–Schulz at the same point
@@ -219,7 +219,7 @@ def muon_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.
     carry = mu * mu if nesterov else mu
     ns = NewtonSchulz(tuple(group["ns_coefficients"]), group["ns_steps"], group["eps"])
     lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
-    # the momentum's share U(0), or before the first step the proxy's update
+    # the momentum's share U(0), or before the first step the target gradient's update
     ref = torch.stack([coef * g.float() if buf is None else carry * buf.float() for g, buf in zip(gbar, bufs)])
     if ref.device.type == "cpu":  # one eigendecomposition gives the left factor and the VJP
         at_ref = ns.spectral(ref)
