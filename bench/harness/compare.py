@@ -41,7 +41,7 @@ from bench.harness.train_child import ROOT, fit_command, thread_env
 
 
 TRAIN_KEYS = ("model.", "trainer.", "data.")  # variant keys that are train.py flags, not selection arguments
-RENAMED_ARGS = {"proxy_batch_size": "target_batch_size"}  # argument names in committed method keys → current names
+RENAMED_ARGS = {"proxy_batch_size": "target_batch_size", "stack_layers": "group_layers"}  # names in committed keys
 
 
 def split_variant(name: str) -> tuple[str, list[tuple[str, str]]]:

@@ -99,8 +99,8 @@ class FrozenUtilities:
     def group_key(self, param: torch.nn.Parameter):
         return self.resolve.group_key(param)
 
-    def stacks(self, param: torch.nn.Parameter) -> bool:
-        return self.resolve.stacks(param)
+    def gains_from_grouping(self, param: torch.nn.Parameter) -> bool:
+        return self.resolve.gains_from_grouping(param)
 
     def __call__(self, params, gbar: torch.Tensor) -> OptimizerMap:
         pre = self.resolve(params, gbar)

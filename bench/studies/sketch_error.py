@@ -10,7 +10,7 @@ N candidates and a target batch; the exact Gram K_ij = Σ_layers ⟨P G_i, P G_j
 sketches use). Every engine sketch variant is scored over ``--seeds`` hash seeds:
 
 - ``count``: the exact-chunked CountSketch of the materialised P G_i (the reference);
-- ``tensor``: the engine's default tensor sketch (AdamW stacks through the rescaled rank-1 D ≈ κ r cᵀ where
+- ``tensor``: the engine's default tensor sketch (AdamW layer groups through the rescaled rank-1 D ≈ κ r cᵀ where
   ρ ≤ ``FACTOR_TOLERANCE``, from the formed P G_i elsewhere; exact factors for the other maps);
 - ``formed``: the tensor sketch from the formed P G_i in every AdamW layer (``factor_tolerance`` = 0);
 - ``factored``: the tensor sketch through AdamW's κ r cᵀ everywhere (``factor_tolerance`` = ∞).

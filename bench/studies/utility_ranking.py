@@ -159,13 +159,13 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class _AroundStepMaps:
-    """The optimizer's step maps (``self.inner``), grouped and stacked as the engine's own; subclasses change the maps."""
+    """The optimizer's step maps (``self.inner``), grouped as the engine's own; subclasses change the maps."""
 
     def group_key(self, param):
         return self.inner.group_key(param)
 
-    def stacks(self, param):
-        return self.inner.stacks(param)
+    def gains_from_grouping(self, param):
+        return self.inner.gains_from_grouping(param)
 
 
 class AtBaseBatch(_AroundStepMaps):

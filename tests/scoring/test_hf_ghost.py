@@ -33,10 +33,11 @@ N_CAND, N_TARGET, T = 5, 3, 8
 MODELS = [("llama", True), ("llama", False), ("gpt2", True), ("gpt2", False), ("qwen2", False), ("qwen2", True)]
 
 
-@pytest.fixture(params=["stacked", "per_layer"])
-def stacking(request, monkeypatch) -> str:
-    """An engine test that asks for it runs with same-shaped layers stacked (the accelerator default) and one by one (CPU's)."""
-    monkeypatch.setattr(ghost, "stack_by_default", lambda device, resolve, param: request.param == "stacked")
+@pytest.fixture(params=["grouped", "per_layer"])
+def grouping(request, monkeypatch) -> str:
+    """An engine test that asks for it runs with same-shaped layers grouped (the accelerator default) and one by one
+    (CPU's)."""
+    monkeypatch.setattr(ghost, "group_by_default", lambda device, resolve, param: request.param == "grouped")
     return request.param
 
 
@@ -68,7 +69,7 @@ def _trained(name: str, tied: bool, optimizer: str, steps: int = 2) -> tuple[Lit
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw", "muon"])
 @pytest.mark.parametrize("name, tied", MODELS)
-def test_utilities_and_norms_match_per_sample_gradients(stacking: str, name: str, tied: bool, optimizer: str) -> None:
+def test_utilities_and_norms_match_per_sample_gradients(grouping: str, name: str, tied: bool, optimizer: str) -> None:
     """Every scored layer type (Linear without bias, Linear with bias, Conv1D with bias, the token embedding, the
     head, tied or not) per layer, under the live optimizer's maps: Muon on hidden matrices (a Conv1D's in its
     stored [in, out] orientation, at its group's rescaled lr), AdamW on the embedding, head and biases."""
@@ -92,7 +93,7 @@ def test_utilities_and_norms_match_per_sample_gradients(stacking: str, name: str
 
 @pytest.mark.parametrize("optimizer, sketch", [("sgd", "tensor"), ("muon", "tensor"), ("adamw", "count")])
 @pytest.mark.parametrize("name, tied", [("llama", True), ("gpt2", True), ("qwen2", False)])
-def test_sketch_is_each_weights_count_sketch(stacking: str, name: str, tied: bool, optimizer: str, sketch: str) -> None:
+def test_sketch_is_each_weights_count_sketch(grouping: str, name: str, tied: bool, optimizer: str, sketch: str) -> None:
     """Where the sketch is exact, it is Σ over scored weights of the CountSketch of P G_i under the weight's own hash
     (a tied weight: one hash, the sum of both uses), biases under their own CountSketch. The tensor sketch puts each
     weight in its own block of bins and is exact for SGD and for Muon+AdamW's hidden matrices and biases (a Linear's
@@ -181,7 +182,7 @@ def test_an_unsupported_layer_is_named_with_the_option_that_skips_it() -> None:
         assert any("Norm" in k for k in kinds) and unscorable_layers(model) == []
 
 
-def test_candidate_chunks_keep_the_position_table_shared(stacking: str) -> None:
+def test_candidate_chunks_keep_the_position_table_shared(grouping: str) -> None:
     """Passes of one candidate each see GPT-2's position ids [1, T] as one row: still a shared table; the tied weight's
     map, fixed in the first pass, carries over; the scores are one pass's."""
     lit, opt = _trained("gpt2", True, "adamw")

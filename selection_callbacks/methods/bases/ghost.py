@@ -105,7 +105,7 @@ class GhostSelection(SelectionCallback):
             reference sketch, for measuring the default's error; it forms every P G_i and costs more.
         candidate_chunk: score candidates in passes of at most this many rows (the target rows ride
             with the first): activation memory flat in N (None: one pass over all rows, fastest).
-        stack_layers: score same-shaped layers of one optimizer group as one stack (see :class:`GhostEngine`;
+        group_layers: score same-shaped layers of one optimizer group as one layer group (see :class:`GhostEngine`;
             None: the engine's default); False scores them one at a time, for less peak memory.
         factor_tolerance: AdamW layers are tensor-sketched through their rescaled rank-1 factors only where the
             factorisation's relative error ρ is at most this (0: P G_i always formed, an exact sketch of each
@@ -142,7 +142,7 @@ class GhostSelection(SelectionCallback):
         layers: list[str] | None = None,
         sketch: str = "tensor",
         candidate_chunk: int | None = None,
-        stack_layers: bool | None = None,
+        group_layers: bool | None = None,
         factor_tolerance: float = FACTOR_TOLERANCE,
         sketch_check: int = 8,
         reliability: bool = True,
@@ -161,7 +161,8 @@ class GhostSelection(SelectionCallback):
             raise ValueError(f"reliability=True splits the target rows in two halves: target_batch_size must be ≥ 2, "
                              f"got {target_batch_size} (or pass reliability=False)")
         self.score_len, self.sketch_dim, self.target_batch_size = score_len, sketch_dim, target_batch_size
-        self.target_file, self.sketch, self.candidate_chunk, self.stack_layers = target_file, sketch, candidate_chunk, stack_layers
+        self.target_file, self.sketch, self.candidate_chunk = target_file, sketch, candidate_chunk
+        self.group_layers = group_layers
         self.factor_tolerance, self.sketch_check, self.reliability = factor_tolerance, sketch_check, reliability
         self.diagnostics: list[dict[str, float]] = []  # one entry per diagnostic selection
         self.include_embedding, self.include_head = include_embedding, include_head
@@ -182,12 +183,12 @@ class GhostSelection(SelectionCallback):
         exclude = excluded_layers(module, self.include_embedding, self.include_head, self.layers)
         self.engine = GhostEngine(
             module, self.include_embedding, self.include_head, self.sketch_dim, self.sketch,  # type: ignore[arg-type]
-            exclude=exclude, candidate_chunk=self.candidate_chunk, stack_layers=self.stack_layers,
+            exclude=exclude, candidate_chunk=self.candidate_chunk, group_layers=self.group_layers,
             factor_tolerance=self.factor_tolerance,
         )
         if self.reliability:  # the split halves read only utilities
             self._halves_engine = GhostEngine(module, self.include_embedding, self.include_head, exclude=exclude,
-                                              candidate_chunk=self.candidate_chunk, stack_layers=self.stack_layers)
+                                              candidate_chunk=self.candidate_chunk, group_layers=self.group_layers)
         if self.target_file is not None:
             self._target_file_split = self._load_target_file(getattr(trainer, "datamodule", None))
             check_vocabulary(self._target_file_split, module, f"target_file={self.target_file}")

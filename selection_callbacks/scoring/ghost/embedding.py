@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 @register_scorer(nn.Embedding)
 def score_embedding(engine: GhostEngine, names: tuple[str, ...], state: PassState) -> None:
-    """The scores of one table (``names`` holds one name: embeddings are not stacked)."""
+    """The scores of one table (``names`` holds one name: embeddings are not grouped)."""
     (name,) = names
     module = engine.module(name)
     x, g = state.inputs.pop(name), state.grads.pop(name)

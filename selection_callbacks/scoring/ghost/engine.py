@@ -7,9 +7,9 @@ as their output gradients arrive, by the scorer registered for their type
 (:mod:`~selection_callbacks.scoring.ghost.scorers`: linear layers, embeddings, a weight shared by several
 layers). With ``candidate_chunk`` the target rows ride with the first chunk of candidates (fixing each
 layer's P and Q) and the rest follow in chunks of their own, so activation memory does not grow with N. On an
-accelerator, layers of one shape and one optimizer group are stacked and scored together when the group's
+accelerator, layers of one shape and one optimizer group are grouped and scored together when the group's
 last gradient arrives (one kernel per group rather than per layer: a GPU is launch-bound at these sizes); on a
-CPU each layer is scored alone (stacking only copies there) unless its map gains from stacking. Per layer:
+CPU each layer is scored alone (grouping only copies there) unless its map gains from grouping. Per layer:
 
 - target direction ḡ = (1/P) Σ_p G_p and the utility vector Q = −Jᵀḡ of the step's derivative J
   (``OptimizerMap.utility_vector``; Q = P ḡ for the self-adjoint SGD and AdamW maps; Muon's J
@@ -47,8 +47,8 @@ from selection_callbacks.scoring.maps.base import StepMaps
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 
 SketchKind = Literal["tensor", "count", "two_sided"]
-STACK_ROW_ELEMENTS = 1 << 20  # numbers of captured a and b per row in one stack of layers
-FACTOR_TOLERANCE = 0.3  # ρ up to which AdamW stacks are sketched through κ r cᵀ
+GROUP_ROW_ELEMENTS = 1 << 20  # numbers of captured a and b per row in one group of layers
+FACTOR_TOLERANCE = 0.3  # ρ up to which AdamW groups are sketched through κ r cᵀ
 
 
 @dataclass
@@ -111,11 +111,11 @@ class GhostEngine:
             (the target rows ride with the first), so activation memory stays flat in N (None: one
             pass over all rows, the fastest for small N). Rows must not interact (no batch norm).
             Scores equal one pass's.
-        stack_layers: score same-shaped layers of one optimizer group as one stack (None: on
+        group_layers: score same-shaped layers of one optimizer group as one layer group (None: on
             accelerators; on a CPU, where it copies the captures and saves no launches, only the
-            layers whose map gains from it, Muon's: :func:`stack_by_default`).
-        factor_tolerance: with ``"tensor"``, an AdamW stack is sketched through its rescaled rank-1 factors where
-            its largest ρ (:attr:`DiagonalMap.relative_factor_error`) is at most this (one device sync per stack
+            layers whose map gains from it, Muon's: :func:`group_by_default`).
+        factor_tolerance: with ``"tensor"``, an AdamW group is sketched through its rescaled rank-1 factors where
+            its largest ρ (:attr:`DiagonalMap.relative_factor_error`) is at most this (one device sync per group
             and call), else from P G_i formed in ``chunk``-candidate chunks (0: always formed, unbiased;
             ∞: always factored).
 
@@ -135,7 +135,7 @@ class GhostEngine:
         chunk: int = 8,
         exclude: tuple[str, ...] = (),
         candidate_chunk: int | None = None,
-        stack_layers: bool | None = None,
+        group_layers: bool | None = None,
         factor_tolerance: float = FACTOR_TOLERANCE,
     ) -> None:
         if sketch not in ("tensor", "count", "two_sided"):
@@ -153,7 +153,7 @@ class GhostEngine:
         sizes = [module.weight.numel() for _, module in owners]
         self._blocks = dict(zip([name for name, _ in owners], sketch_blocks(sizes, sketch_dim))) if sketch == "tensor" and sketch_dim else {}
         self.sketch_dim, self.sketch, self.norms, self.chunk = sketch_dim, sketch, norms, chunk
-        self.candidate_chunk, self.stack_layers, self.factor_tolerance = candidate_chunk, stack_layers, factor_tolerance
+        self.candidate_chunk, self.group_layers, self.factor_tolerance = candidate_chunk, group_layers, factor_tolerance
         self._modules = dict(self.layers)
         self._index = {name: i for i, (name, _) in enumerate(self.layers)}
         self._sketchers: dict[tuple, object] = {}
@@ -310,10 +310,10 @@ class GhostEngine:
         scorer(self, names, state)
 
     def _groups(self, state: PassState) -> list[tuple[str, ...]]:
-        """Captured layers grouped for stacking (after the forward, before the backward): same weight
-        and bias shapes, optimizer groups and captured shapes, split so that one stack holds at most
-        ``STACK_ROW_ELEMENTS`` numbers per row (the split depends on per-row sizes only, so every pass
-        of a scoring call groups alike). A layer that does not stack (``stack_layers``) is its own group.
+        """Captured layers in layer groups (after the forward, before the backward): same weight
+        and bias shapes, optimizer groups and captured shapes, split so that one group holds at most
+        ``GROUP_ROW_ELEMENTS`` numbers per row (the split depends on per-row sizes only, so every pass
+        of a scoring call groups alike). A layer that joins no group (``group_layers``) is its own group.
 
         Embeddings stay alone (their sketch and norm paths are per table); the layers sharing one weight
         form one group of their own (:mod:`~selection_callbacks.scoring.ghost.tied`).
@@ -324,7 +324,7 @@ class GhostEngine:
                 continue
             if name in self._tied:  # one weight, one group of its uses
                 key: tuple = self._tied[name]
-            elif isinstance(module, nn.Embedding) or not self._stacks(self.parameter(name), state.step_maps):
+            elif isinstance(module, nn.Embedding) or not self._joins_group(self.parameter(name), state.step_maps):
                 key = (name,)
             else:
                 weight, bias = self.parameter(name), self.parameter(name, "bias")
@@ -337,7 +337,7 @@ class GhostEngine:
             members: list[str] = []
             for name in names:
                 per_row = (state.inputs[name][0].numel() + state.out_shapes[name][1:].numel()) * (len(members) + 1)
-                if members and per_row > STACK_ROW_ELEMENTS and name not in self._tied:
+                if members and per_row > GROUP_ROW_ELEMENTS and name not in self._tied:
                     out.append(tuple(members))
                     members = []
                 members.append(name)
@@ -345,12 +345,14 @@ class GhostEngine:
         return out
 
 
-    def _stacks(self, weight: torch.Tensor, step_maps: StepMaps) -> bool:
-        """Whether ``weight``'s layer joins a stack. A sharded (FSDP2) weight never does: its map gathers its layer's
+    def _joins_group(self, weight: torch.Tensor, step_maps: StepMaps) -> bool:
+        """Whether ``weight``'s layer joins a group. A sharded (FSDP2) weight never does: its map gathers its layer's
         optimizer state whole, and alone it holds one layer's gathered state at a time."""
         if isinstance(weight, DTensor):
             return False
-        return self.stack_layers if self.stack_layers is not None else stack_by_default(weight.device, step_maps, weight)
+        if self.group_layers is not None:
+            return self.group_layers
+        return group_by_default(weight.device, step_maps, weight)
 
     def sketcher(self, names: tuple[str, ...], cls: type, d_out: int, d_in: int, seed: int, device: torch.device):
         """The sketch of layers ``names`` (a bias is ``<layer>.bias``), hashed by (seed, layer index)."""
@@ -386,11 +388,11 @@ def _probe_errors(S: torch.Tensor, exact: torch.Tensor) -> dict[str, torch.Tenso
     return {"gram": rel[iu[0], iu[1]].mean(), "sq_norm": (est.diagonal() / diag - 1).mean()}
 
 
-def stack_by_default(device: torch.device, step_maps: StepMaps, param: torch.nn.Parameter) -> bool:
-    """Stack same-shaped layers on accelerators (launch-bound). On a CPU, where stacking copies the captures and saves
-    no launches, only where the map does many small operations per matrix (``step_maps.stacks``: Muon's eigendecomposition
-    and scalar recursion, one per stack instead of one per layer)."""
-    return device.type != "cpu" or step_maps.stacks(param)
+def group_by_default(device: torch.device, step_maps: StepMaps, param: torch.nn.Parameter) -> bool:
+    """Group same-shaped layers on accelerators (launch-bound). On a CPU, where grouping copies the captures and saves
+    no launches, only where the map does many small operations per matrix (``step_maps.gains_from_grouping``: Muon's
+    eigendecomposition and scalar recursion, one per group instead of one per layer)."""
+    return device.type != "cpu" or step_maps.gains_from_grouping(param)
 
 
 def take_rows(rows: MutableMapping, index: torch.Tensor, n_rows: int) -> dict:

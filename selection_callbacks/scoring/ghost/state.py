@@ -11,7 +11,7 @@ from selection_callbacks.scoring.maps.base import OptimizerMap, StepMaps
 
 @dataclass
 class FixedMaps:
-    """What the target rows fix for a group of L stacked layers: the map P, the utility vector
+    """What the target rows fix for a group of L layers: the map P, the utility vector
     Q = −Jᵀḡ [L, ...], the bias terms, AdamW's factor errors [L] and whether its sketch goes through the factors."""
 
     map: OptimizerMap

@@ -117,7 +117,7 @@ class DiagonalMap:
 
 @register_map(torch.optim.AdamW)
 def adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> DiagonalMap:
-    """AdamW's map of the stacked ``params`` of ``group`` at frozen moments (:class:`DiagonalMap`).
+    """AdamW's map of the grouped ``params`` of ``group`` at frozen moments (:class:`DiagonalMap`).
 
     Raises:
         ValueError: ``maximize=True``.
@@ -126,13 +126,13 @@ def adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn
     beta1, beta2 = group["betas"]
     lr, eps = float(group["lr"]), group["eps"]
     states = [opt.state.get(p, {}) for p in params]
-    v = _stacked_state(states, "exp_avg_sq", gbar)
-    if all("step" in st for st in states):  # one stack and one read, not a read per parameter
+    v = _grouped_state(states, "exp_avg_sq", gbar)
+    if all("step" in st for st in states):  # one group and one read, not a read per parameter
         steps = [int(s) for s in torch.stack([torch.as_tensor(whole(st["step"]), dtype=torch.float32) for st in states]).tolist()]
     else:
         steps = [int(whole(st["step"])) if "step" in st else 0 for st in states]
     if group.get("amsgrad", False) and any("max_exp_avg_sq" in st for st in states):  # zeros where missing: max(0, v) = v
-        v = torch.maximum(_stacked_state(states, "max_exp_avg_sq", gbar) / beta2, v)
+        v = torch.maximum(_grouped_state(states, "max_exp_avg_sq", gbar) / beta2, v)
     bc2 = [1.0 - beta2 ** (s + 1) for s in steps]
     formed = v.flatten(1).amax(1) > 0
     if bool(formed.all()):  # v itself: no pass over the target gradient's share
@@ -148,8 +148,8 @@ def adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn
     return DiagonalMap(C, x.sqrt_().add_(eps_term).reciprocal_())
 
 
-def _stacked_state(states: list[dict], key: str, like: torch.Tensor) -> torch.Tensor:
-    """The optimizer state ``key`` of each parameter, whole (:func:`whole`), stacked in float32 (zeros where it has
+def _grouped_state(states: list[dict], key: str, like: torch.Tensor) -> torch.Tensor:
+    """The optimizer state ``key`` of each parameter, whole (:func:`whole`), grouped in float32 (zeros where it has
     not formed; one float32 state is viewed, not copied: read it, never write it)."""
     if len(states) == 1 and key in states[0]:
         return whole(states[0][key]).float().unsqueeze(0)

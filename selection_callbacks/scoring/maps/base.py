@@ -12,13 +12,13 @@ factorisation D ≈ r cᵀ, whose errors ``factor_error`` and ``relative_factor_
 sketches an AdamW layer through these factors only where the relative one is within its tolerance, and
 otherwise forms P G_i exactly).
 
-A map covers L parameters of one shape stacked (the engine scores same-shaped layers together, so
+A map covers a group of L parameters of one shape (the engine scores same-shaped layers together, so
 a GPU sees one kernel per group instead of one per layer): its tensors carry a leading layer
 dimension, and every method takes tensors [L, ..., *shape] with any number of middle dimensions.
 
 An optimizer class's map builder, ``builder(optimizer, group, params, gbar) -> OptimizerMap``, is
 registered with :func:`register_map` (``sgd``, ``adamw`` and ``muon`` register torch's); :class:`StepMaps`
-is what the engine asks for the map of each stack of parameters.
+is what the engine asks for the map of each group of parameters.
 
 Under FSDP2 a parameter is a ``DTensor`` row shard of the global weight (its ``shape`` global) and so is its
 optimizer state; a builder reads each state tensor through :func:`whole`, which all-gathers a ``DTensor`` into the
@@ -38,7 +38,7 @@ Scale = float | torch.Tensor  # a Python number shared by the L layers, or a [L]
 
 
 class OptimizerMap(Protocol):
-    """One optimizer step linearised in the fresh gradient, for a stack of L same-shaped parameters."""
+    """One optimizer step linearised in the fresh gradient, for a group of L same-shaped parameters."""
 
     exact_factors: bool
 
@@ -56,14 +56,14 @@ class OptimizerMap(Protocol):
 
 
 class StepMaps(Protocol):
-    """The maps of one step: gives stacked parameters of one shape (and one ``group_key``) their map."""
+    """The maps of one step: gives grouped parameters of one shape (and one ``group_key``) their map."""
 
     def group_key(self, param: torch.nn.Parameter) -> Hashable:
-        """Parameters may share one stacked map only if their keys are equal."""
+        """Parameters may share one grouped map only if their keys are equal."""
         ...
 
-    def stacks(self, param: torch.nn.Parameter) -> bool:
-        """Whether same-shaped parameters of this one's group gain from one stacked map where stacking saves no
+    def gains_from_grouping(self, param: torch.nn.Parameter) -> bool:
+        """Whether same-shaped parameters of this one's group gain from one grouped map where grouping saves no
         kernel launches (a CPU): maps that do many small operations per matrix."""
         ...
 
@@ -73,7 +73,7 @@ class StepMaps(Protocol):
 
 
 MapBuilder = Callable[[torch.optim.Optimizer, dict, Sequence[torch.nn.Parameter], torch.Tensor], OptimizerMap]
-MAP_BUILDERS: dict[type, MapBuilder] = {}  # optimizer class → the builder of its stacked maps
+MAP_BUILDERS: dict[type, MapBuilder] = {}  # optimizer class → the builder of its grouped maps
 
 
 def register_map(optimizer: type) -> Callable[[MapBuilder], MapBuilder]:

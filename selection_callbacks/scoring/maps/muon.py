@@ -189,7 +189,7 @@ def newton_schulz_left_factor(
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(L, ‖u‖_F, tall): NS(u) = L·(u/‖u‖) in the wide orientation, computed in float32.
 
-    ``u`` is one matrix [m, n] or a stack [L, m, n] (then L [L, d, d] and norms [L]).
+    ``u`` is one matrix [m, n] or a group [L, m, n] (then L [L, d, d] and norms [L]).
     Iterates on d×d matrices only (d the short side): with X_k = L_k X₀ and L_k a polynomial in
     A₀ = X₀X₀ᵀ (so they commute), A_k = X_k X_kᵀ = L_k² A₀ and each step S = aI + bA_k + cA_k²
     gives L ← S L, A ← S² A_k: four d×d products a step instead of two d×n ones and two d×d.
@@ -212,7 +212,7 @@ def newton_schulz_left_factor(
 
 @register_map(torch.optim.Muon)
 def muon_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> MuonMap:
-    """Muon's map of the stacked ``params`` of ``group`` at the momentum (:class:`MuonMap`)."""
+    """Muon's map of the grouped ``params`` of ``group`` at the momentum (:class:`MuonMap`)."""
     mu, nesterov = group["momentum"], group["nesterov"]
     bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
     coef = (1 - mu * mu) if nesterov else (1 - mu)
