@@ -122,7 +122,7 @@ def test_output_head_is_found_by_structure_not_by_name() -> None:
     assert [n for n, _ in scored_layers(model, include_head=True)] == ["head", "fc", "proj"]
     hidden, other2d, _ = split_params(model)
     assert any(p is model.head.weight for p in other2d) and not any(p is model.head.weight for p in hidden)
-    model.head.weight = model.tok.weight  # tied: found through the shared weight, listed once
+    model.head.weight = model.tok.weight  # tied: found through the tied weight, listed once
     assert output_heads(model) == {"head"} and sum(p is model.tok.weight for p in split_params(model)[1]) == 1
 
 

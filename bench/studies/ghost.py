@@ -7,7 +7,7 @@ its own subprocess so peak RSS only rises within it:
 - ``engine``: GhostEngine, exact utilities + TensorSketch (live AdamW map), candidates
   in passes of ``--engine-chunk`` rows, the target rows with the first (activation memory flat in N);
 - ``naive``: chunked ``vmap(grad)`` per-sample gradients of the scored weights, the same (exact)
-  map, utilities and the same hash family applied to the materialised P G_i;
+  map, utilities and the same hash family applied to the formed P G_i;
 - ``naive_full``: the same with all N per-sample gradients at once (no chunking): memory ∝ N;
 - ``floor``: one plain forward + backward over the same tokens (parameter ``.grad``).
 With ``--maps`` the engine is also timed with AdamW's sketch from P G_i formed in every layer
@@ -148,7 +148,7 @@ def prepare_naive(model, opt, rows, args, chunk: int | None = None) -> Callable[
     params = dict(model.named_parameters())
     hashes = {}
     blocks = sketch_blocks([params[k].numel() for k in names], args.sketch_dim)
-    for i, (k, (offset, n)) in enumerate(zip(names, blocks)):  # the engine's TensorSketch hash (layer i's block), materialised
+    for i, (k, (offset, n)) in enumerate(zip(names, blocks)):  # the engine's TensorSketch hash (layer i's block)
         bins, signs = TensorSketch(args.sketch_dim, *params[k].shape, 0, [i], torch.device(args.device), n, [offset]).explicit()
         hashes[k] = (bins[0], signs[0])
 

@@ -9,7 +9,7 @@ N candidates and a target batch; the exact Gram K_ij = Σ_layers ⟨P G_i, P G_j
 (``vmap(grad)``) and the live maps (AdamW's D; Muon's Newton–Schulz frozen at the momentum, the map the
 sketches use). Every engine sketch variant is scored over ``--seeds`` hash seeds:
 
-- ``count``: the exact-chunked CountSketch of the materialised P G_i (the reference);
+- ``count``: the exact-chunked CountSketch of the formed P G_i (the reference);
 - ``tensor``: the engine's default tensor sketch (AdamW layer groups through the rescaled rank-1 D ≈ κ r cᵀ where
   ρ ≤ ``FACTOR_TOLERANCE``, from the formed P G_i elsewhere; exact factors for the other maps);
 - ``formed``: the tensor sketch from the formed P G_i in every AdamW layer (``factor_tolerance`` = 0);
@@ -22,7 +22,7 @@ median scoring time. Per state also the AdamW layers' mean ρ (``relative_factor
 Frobenius ``factor_error``.
 
 ``--mode layouts``: the tensor-sketch hash by block layout on the bench.studies.ghost GPT (live AdamW map applied
-exactly to materialised P G_i): every layout hashes each layer's P G_i with TensorSketch's own hash into
+exactly to formed P G_i): every layout hashes each layer's P G_i with TensorSketch's own hash into
 the layer's block of n bins (``sketch_blocks``: n ∝ d_out·d_in; ``even``: n = m // layers) or over all m
 bins (``shared``); per m the mean pair error and, once, the largest layer's share of Σ_l ‖P G_i^l‖².
 """

@@ -99,7 +99,7 @@ class TensorSketch:
         return self._signs
 
     def matrices(self, mats: torch.Tensor) -> torch.Tensor:
-        """mats [L, N, d_out, d_in] → [N, m]: the same CountSketch of explicit matrices (e.g. a materialised P G_i)."""
+        """mats [L, N, d_out, d_in] → [N, m]: the same CountSketch of explicit matrices (e.g. a formed P G_i)."""
         return self.signed_matrices(mats.float().mul(self.signs()[:, None]).transpose(0, 1))
 
     def signed_matrices(self, signed: torch.Tensor) -> torch.Tensor:
@@ -140,7 +140,7 @@ def sketch_blocks(sizes: list[int], m: int) -> list[tuple[int, int]]:
     """(first bin, bins) of each layer: m bins split in proportion to the layers' weight sizes.
 
     The error of ⟨S_i, S_j⟩ summed over per-layer blocks of n_l bins is ~ Σ_l ‖G_l‖²‖G'_l‖²/n_l,
-    least (and equal to one shared m-bin sketch's (Σ_l ‖G_l‖²)(Σ_l ‖G'_l‖²)/m) with n_l ∝ the
+    least (and equal to one m-bin sketch common to all layers' (Σ_l ‖G_l‖²)(Σ_l ‖G'_l‖²)/m) with n_l ∝ the
     layers' shares of the squared norms. Under an adaptive optimizer every weight's step is of
     one scale, so a layer's share of ‖P G‖² goes with its size: blocks ∝ d_out·d_in.
     """

@@ -1,4 +1,4 @@
-"""``GhostSelection``: the shared plumbing of the ghost-gradient methods (OPUS, GREATS).
+"""``GhostSelection``: the common plumbing of the ghost-gradient methods (OPUS, GREATS).
 
 Per micro-batch: cut a seeded ``score_len`` window from each candidate, draw a fresh target batch
 (windows of the target split, or of a user target file), run one ghost forward/backward over
@@ -40,7 +40,7 @@ from selection_callbacks.nn.heads import vocabulary_size
 from selection_callbacks.scoring.ghost.eager import compiled_modules, eager
 from selection_callbacks.scoring.ghost.engine import FACTOR_TOLERANCE, GhostEngine, GhostScores, check_precision
 from selection_callbacks.scoring.maps.base import StepMaps
-from selection_callbacks.scoring.ghost.layers import scored_layers, shared_weights, unscorable_layers
+from selection_callbacks.scoring.ghost.layers import scored_layers, tied_weights, unscorable_layers
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.reliability import split_half_reliability
 from selection_callbacks.scoring.windows import score_windows
@@ -59,7 +59,7 @@ def excluded_layers(
     keep = {n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
     if not keep:
         raise ValueError(f"layers={patterns} match none of the scorable layers: {names}")
-    keep |= {n for tied in shared_weights(layers) if keep & set(tied) for n in tied}
+    keep |= {n for tied in tied_weights(layers) if keep & set(tied) for n in tied}
     return tuple(n for n in names if n not in keep) + tuple(
         n for n in unscorable if not any(fnmatch.fnmatchcase(n, p) for p in patterns))
 

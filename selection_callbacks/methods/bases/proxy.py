@@ -1,4 +1,4 @@
-"""``ProxySelection``: the shared plumbing of the methods that score with models next to the learner.
+"""``ProxySelection``: the common plumbing of the methods that score with models next to the learner.
 
 ClassAct and RHO-LOSS score s(z) = ℓ_online(z) − ℓ_reference(z). This base runs their frozen
 reference's whole lifecycle (:class:`~selection_callbacks.scoring.reference.Reference`): it reads a

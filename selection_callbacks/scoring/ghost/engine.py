@@ -4,7 +4,7 @@ One forward over R = N candidate rows ++ P target rows and one backward capture 
 and output gradients b (:mod:`~selection_callbacks.scoring.ghost.capture`); no parameter ``.grad`` is read or
 written (gradient accumulation and DDP buckets are untouched). Layers are scored inside the backward, as soon
 as their output gradients arrive, by the scorer registered for their type
-(:mod:`~selection_callbacks.scoring.ghost.scorers`: linear layers, embeddings, a weight shared by several
+(:mod:`~selection_callbacks.scoring.ghost.scorers`: linear layers, embeddings, a weight tied across several
 layers). With ``candidate_chunk`` the target rows ride with the first chunk of candidates (fixing each
 layer's P and Q) and the rest follow in chunks of their own, so activation memory does not grow with N. On an
 accelerator, layers of one shape and one optimizer group are grouped and scored together when the group's
@@ -25,7 +25,7 @@ CPU each layer is scored alone (grouping only copies there) unless its map gains
   ``factor_tolerance``; elsewhere P G_i is formed in candidate chunks and hashed with the same
   TensorSketch hash (:meth:`TensorSketch.matrices`): exact in expectation;
 - optional probe: the sketch's real error on the first few candidates, against their exact Gram;
-- optional squared norms ‖P G_i‖², by the T² Gram form where 2T² ≤ d_in·d_out, else materialised.
+- optional squared norms ‖P G_i‖², by the T² Gram form where 2T² ≤ d_in·d_out, else formed.
 """
 
 from __future__ import annotations
@@ -40,7 +40,7 @@ from torch.distributed.tensor import DTensor
 
 from selection_callbacks.scoring.ghost import embedding, linear, tied  # noqa: F401  (each registers its scorer)
 from selection_callbacks.scoring.ghost.capture import HookCapture
-from selection_callbacks.scoring.ghost.layers import linear_kind, registered_parameters, scored_layers, shared_weights
+from selection_callbacks.scoring.ghost.layers import linear_kind, registered_parameters, scored_layers, tied_weights
 from selection_callbacks.scoring.ghost.scorers import SCORERS, TiedWeight, scorer_for
 from selection_callbacks.scoring.ghost.state import FixedMaps, PassState
 from selection_callbacks.scoring.maps.base import StepMaps
@@ -57,7 +57,7 @@ class GhostScores:
 
     Attributes:
         utilities: [N] Σ_layers ⟨G_i, −Jᵀḡ⟩ (= ⟨P G_i, ḡ⟩ for self-adjoint maps).
-        layer_utilities: layer name → [N] (a weight and its bias together; a shared weight under its first layer).
+        layer_utilities: layer name → [N] (a weight and its bias together; a tied weight under its first layer).
         losses: [R] per-row losses (candidates then target rows).
         sketches: [N, m] or None.
         sq_norms: [N] Σ_layers ‖P G_i‖² or None.
@@ -67,7 +67,7 @@ class GhostScores:
         factored: the AdamW layers whose sketch went through the rank-1 factors (the rest were formed exactly).
         sketch_error: with ``probe`` = k: ``"gram"``, the mean over the k(k−1)/2 pairs of
             |⟨S_i, S_j⟩ − ⟨P G_i, P G_j⟩| / (‖P G_i‖‖P G_j‖), and ``"sq_norm"``, the mean of ‖S_i‖²/‖P G_i‖² − 1
-            (signed), over the first k candidates against their materialised P G_i (the sketch as used:
+            (signed), over the first k candidates against their formed P G_i (the sketch as used:
             hashing noise and any factorisation bias).
         shared: layers whose output has no row dimension (e.g. a position table): not scored.
     """
@@ -102,10 +102,10 @@ class GhostEngine:
         sketch_dim: m; 0 disables sketches. With ``"tensor"`` each scored layer owns a block of the
             bins in proportion to its weight size (:func:`sketch_blocks`), at least one.
         sketch: ``"tensor"`` (TensorSketch of the token factors; AdamW layers per ``factor_tolerance``), ``"count"``
-            (exact CountSketch of materialised P G_i, the reference) or ``"two_sided"`` (AdamW through its
+            (exact CountSketch of formed P G_i, the reference) or ``"two_sided"`` (AdamW through its
             rank-1 factorised D).
         norms: also compute ‖P G_i‖².
-        chunk: candidates per chunk where per-sample matrices are materialised.
+        chunk: candidates per chunk where per-sample matrices are formed.
         exclude: module names not to score (e.g. a layer applied twice per forward).
         candidate_chunk: score candidates in forward/backward passes of at most this many rows
             (the target rows ride with the first), so activation memory stays flat in N (None: one
@@ -144,12 +144,13 @@ class GhostEngine:
         self.layers = scored_layers(model, include_embedding, include_head, tuple(exclude))
         if candidate_chunk is not None and candidate_chunk < 1:
             raise ValueError(f"candidate_chunk must be ≥ 1 or None, got {candidate_chunk}")
-        self._tied = {name: names for names in shared_weights(self.layers) for name in names}
+        self._tied = {name: names for names in tied_weights(self.layers) for name in names}
         for name, module in self.layers:
             if name in self._tied and getattr(module, "bias", None) is not None:
                 raise ValueError(f"layer {name!r} shares its weight with {list(self._tied[name])} and has a bias: "
                                  "tied layers are scored without biases; exclude them")
-        owners = [(name, m) for name, m in self.layers if self._tied.get(name, (name,))[0] == name]  # a shared weight once
+        # a tied weight once
+        owners = [(name, m) for name, m in self.layers if self._tied.get(name, (name,))[0] == name]
         sizes = [module.weight.numel() for _, module in owners]
         self._blocks = dict(zip([name for name, _ in owners], sketch_blocks(sizes, sketch_dim))) if sketch == "tensor" and sketch_dim else {}
         self.sketch_dim, self.sketch, self.norms, self.chunk = sketch_dim, sketch, norms, chunk
@@ -258,7 +259,7 @@ class GhostEngine:
         received: set[str] = set()
         losses = self.capture.run(loss_fn, rows, state, ready, arrived)
         missing = [name for name, _ in self.layers if name not in state.utilities and name not in state.shared
-                   and self._tied.get(name, (name,))[0] == name]  # a shared weight's utilities are its first layer's
+                   and self._tied.get(name, (name,))[0] == name]  # a tied weight's utilities are its first layer's
         if missing:  # every pass carries ≥ 1 candidate, so a scored layer has utilities
             unreached = [name for name in state.out_shapes if name not in received]
             if unreached:
@@ -305,7 +306,7 @@ class GhostEngine:
                 self._score_group(names, state)
 
     def _score_group(self, names: tuple[str, ...], state: PassState) -> None:
-        """The group ``names`` scored by its type's registered scorer (a shared weight's by :class:`TiedWeight`'s)."""
+        """The group ``names`` scored by its type's registered scorer (a tied weight's by :class:`TiedWeight`'s)."""
         scorer = SCORERS[TiedWeight] if names[0] in self._tied else scorer_for(self._modules[names[0]])
         scorer(self, names, state)
 

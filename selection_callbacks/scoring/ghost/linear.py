@@ -25,7 +25,7 @@ from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSid
 if TYPE_CHECKING:
     from selection_callbacks.scoring.ghost.engine import GhostEngine
 
-MATERIALISED_ELEMENTS = 1 << 19  # numbers of formed P G_i per chunk where a tensor sketch forms them (2 MB: the passes stay in cache)
+FORMED_ELEMENTS = 1 << 19  # numbers of formed P G_i per chunk where a tensor sketch forms them (2 MB: stays in cache)
 
 
 @register_scorer(nn.Linear)
@@ -64,7 +64,8 @@ def score_linear(engine: GhostEngine, names: tuple[str, ...], state: PassState) 
             state.add_sketch(cs(bias_pg[..., None]))
         if state.probe:
             k = state.probe
-            state.add_probe(*materialised(engine, fixed.map, B[:, :k], A[:, :k], chunk=k), *(() if bias_pg is None else (bias_pg[:, :k],)))
+            state.add_probe(*formed_pg(engine, fixed.map, B[:, :k], A[:, :k], chunk=k),
+                            *(() if bias_pg is None else (bias_pg[:, :k],)))
     if engine.norms:
         sq = sq_norms(engine, fixed.map, B, A).sum(0)
         state.add_norm(sq if bias_pg is None else sq + bias_pg.pow(2).sum((0, 2)))
@@ -119,7 +120,8 @@ def linear_utilities(B: torch.Tensor, A: torch.Tensor, Q: torch.Tensor) -> torch
     return (rows_matmul(B, Q).mul_(A) if A.shape[-1] <= B.shape[-1] else rows_matmul(A, Q.mT).mul_(B)).sum((2, 3))
 
 
-def materialised(engine: GhostEngine, P: OptimizerMap, B: torch.Tensor, A: torch.Tensor, chunk: int | None = None) -> Iterator[torch.Tensor]:
+def formed_pg(engine: GhostEngine, P: OptimizerMap, B: torch.Tensor, A: torch.Tensor,
+              chunk: int | None = None) -> Iterator[torch.Tensor]:
     """P G_i [L, chunk, d_out, d_in] in candidate chunks (of ``chunk``, default the engine's)."""
     chunk = chunk or engine.chunk
     for i in range(0, B.shape[1], chunk):
@@ -132,7 +134,7 @@ def sketch_linear(engine: GhostEngine, names: tuple[str, ...], fixed: FixedMaps,
     d_out, d_in, P = B.shape[-1], A.shape[-1], fixed.map
     if engine.sketch == "count":
         cs = engine.sketcher(names, CountSketch, d_out, d_in, state.seed, B.device)
-        return torch.cat([cs(G) for G in materialised(engine, P, B, A)])
+        return torch.cat([cs(G) for G in formed_pg(engine, P, B, A)])
     if not fixed.factored:
         return formed_sketch(engine, names, fixed, B, A, state, utilities=False)[1]
     cls = TensorSketch if engine.sketch == "tensor" else TwoSidedProjection
@@ -150,7 +152,7 @@ def formed_sketch(engine: GhostEngine, names: tuple[str, ...], fixed: FixedMaps,
     one pass)."""
     d_out, d_in = B.shape[-1], A.shape[-1]
     weights = fixed.map.apply(engine.sketcher(names, TensorSketch, d_out, d_in, state.seed, B.device).signs())
-    rows = max(1, MATERIALISED_ELEMENTS // weights[0].numel())
+    rows = max(1, FORMED_ELEMENTS // weights[0].numel())
     u, sketches = [], []  # layer by layer (each layer's own sketcher hashes as the group's does)
     for k, name in enumerate(names):
         layer = engine.sketcher((name,), TensorSketch, d_out, d_in, state.seed, B.device)
@@ -169,4 +171,4 @@ def sq_norms(engine: GhostEngine, P: OptimizerMap, B: torch.Tensor, A: torch.Ten
     if P.exact_factors and 2 * T * T <= d_in * d_out:
         b2, a2 = P.token_factors(B, A)
         return ((a2 @ a2.mT) * (b2 @ b2.mT)).sum((2, 3))
-    return torch.cat([G.pow(2).sum((2, 3)) for G in materialised(engine, P, B, A)], 1)
+    return torch.cat([G.pow(2).sum((2, 3)) for G in formed_pg(engine, P, B, A)], 1)

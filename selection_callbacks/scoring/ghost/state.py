@@ -25,7 +25,7 @@ class FixedMaps:
 
 class PassState:
     """Captures and accumulators of one forward/backward over n candidate rows then p target rows
-    (either may be 0); ``fixed`` is shared by the passes of one scoring call.
+    (either may be 0); the passes of one scoring call hold one ``fixed``.
 
     The capture fills ``inputs`` (a layer's input, detached), ``out_shapes``, ``grads`` (a layer's output
     gradient) and ``shared`` (layers whose output has no row dimension); the engine fills ``group_of`` and the

@@ -34,7 +34,7 @@ from typing import Protocol
 import torch
 from torch.distributed.tensor import DTensor
 
-Scale = float | torch.Tensor  # a Python number shared by the L layers, or a [L] tensor
+Scale = float | torch.Tensor  # a Python number for all L layers, or a [L] tensor
 
 
 class OptimizerMap(Protocol):
@@ -116,7 +116,7 @@ def lead(x: Scale, ndim: int) -> Scale:
 def rows_matmul(x: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
     """x [L, ..., k] @ M [L, k, j] → [L, ..., j] as one batched product over the flattened rows.
 
-    A broadcasting ``x @ M[:, None]`` would make ``matmul`` materialise M once per middle index.
+    A broadcasting ``x @ M[:, None]`` would make ``matmul`` form a copy of M per middle index.
     """
     return (x.reshape(x.shape[0], -1, x.shape[-1]) @ M).reshape(*x.shape[:-1], M.shape[-1])
 
