@@ -12,7 +12,6 @@ of the step time.
 from __future__ import annotations
 
 import time
-from collections.abc import MutableMapping
 from typing import Any, Literal
 
 import lightning as L
@@ -25,7 +24,6 @@ from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.callbacks.protocols import needs_proxy_builder, needs_target_batch, wrapped_causal_lm
 from selection_callbacks.nn.flops import matmul_flops_per_token
 from selection_callbacks.nn.gpt import GPTConfig
-from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.proxy_models import (
     Proxy,
     causal_lm_proxy_config,
@@ -212,12 +210,6 @@ class ProxySelection(SelectionCallback):
         with trainer.precision_plugin.train_step_context(), torch.enable_grad():
             self.reference.make_ready(getattr(trainer, "datamodule", None), self.seed)
         self.overhead_seconds += time.perf_counter() - start
-
-    def learner_losses(self, pl_module: L.LightningModule, batch: MutableMapping) -> torch.Tensor:
-        """[N] the learner's per-sample losses (one counted forward)."""
-        out = per_sample_loss(pl_module, batch)
-        self.meter.add("learner", "fwd", batch["input_ids"].numel())
-        return out
 
     # ---- hooks ----
     @override
