@@ -53,7 +53,7 @@ from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from selection_callbacks.scoring.maps.base import OptimizerMap
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 
-PROXY = 8
+TARGET_ROWS = 8
 
 
 def _rss_kb(field: str) -> int:
@@ -81,7 +81,8 @@ def setup(args: argparse.Namespace):
         row_losses(model)({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}).mean().backward()
         opt.step()
     opt.zero_grad(set_to_none=True)
-    ids = torch.randint(0, 256, (args.n + PROXY, args.score_len + 1), generator=torch.Generator().manual_seed(1)).to(args.device)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 256, (args.n + TARGET_ROWS, args.score_len + 1), generator=gen).to(args.device)
     return model, opt, {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
 
 
@@ -155,8 +156,8 @@ def prepare_naive(model, opt, rows, args, chunk: int | None = None) -> Callable[
     def run() -> torch.Tensor:
         """The utilities [N] (sketches are built and dropped, as the engine's would be read)."""
         scored = {k: params[k].detach() for k in names}
-        proxy = per_sample(scored, rows["input_ids"][args.n :], rows["labels"][args.n :])
-        gbar = {k: proxy[k].mean(0) for k in names}
+        target = per_sample(scored, rows["input_ids"][args.n :], rows["labels"][args.n :])
+        gbar = {k: target[k].mean(0) for k in names}
         maps = {k: OptimizerStepMaps(opt)([params[k]], gbar[k][None]) for k in names}
         utilities = []
         for i in range(0, args.n, chunk):
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
     last = table[-1]
     result = {
         "config": {k: getattr(args, k) for k in ("layers", "width", "score_len", "sketch_dim", "chunk", "engine_chunk", "warm_steps", "repeats", "rounds", "threads")}
-        | {"proxy_rows": PROXY, "params": last["params"], "device": args.device,
+        | {"target_rows": TARGET_ROWS, "params": last["params"], "device": args.device,
            "dtype": args.dtype if args.device == "cuda" else "fp32"},
         "n": last["n"],
         "speedup_vs_naive": last["naive_seconds"] / last["engine_seconds"],
