@@ -17,7 +17,7 @@ selection, and splits the selection's seconds per step into
   ``sketches``, the sketch of each P G_i; where AdamW's map is far from rank one the sketch forms each P G_i and
   reads u_i from it, so there the utilities are timed with the sketches; ``layer_rest``, the rest of the layer
   scoring (grouping, biases, embeddings, the sketch's probe on diagnostic selections, bookkeeping);
-- ``grouping``: grouping the captured layers into groups, after the forward;
+- ``grouping``: grouping the captured layers into layer groups, after the forward;
 - ``collect``: gathering the passes' utilities, losses and sketches;
 - ``step_maps``: building the step's map object from the optimizer;
 - ``windows``: drawing the target rows and the candidates' and target rows' scoring windows;
