@@ -41,7 +41,6 @@ from selection_callbacks.core.domains import domain_names
 from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.nn.flops import matmul_flops_per_token
 from selection_callbacks.nn.heads import vocabulary_size
-from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.core.sampling import effective_sample_size, make_rule
 from selection_callbacks.core.selection import (
     Choice,
@@ -221,12 +220,6 @@ class SelectionCallback(L.Callback, ABC):
     def diagnostic_call(self) -> bool:
         """Whether the selection now being scored is one of every ``diagnostics_every`` (counted over the run)."""
         return self.selections % self.diagnostics_every == 0
-
-    def learner_losses(self, pl_module: L.LightningModule, batch: MutableMapping) -> torch.Tensor:
-        """[N] the learner's per-sample losses (``per_sample_loss``), one forward counted in ``meter``."""
-        out = per_sample_loss(pl_module, batch)
-        self.meter.add("learner", "fwd", batch["input_ids"].numel())
-        return out
 
     # ---- the contract ----
     def keep(self, n: int) -> int:

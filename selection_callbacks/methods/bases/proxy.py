@@ -39,11 +39,11 @@ from selection_callbacks.scoring.reference import Reference
 class ProxySelection(SelectionCallback):
     """Base of the proxy-model selection callbacks (:class:`ClassActSelection`, :class:`RhoLossSelection`).
 
-    A subclass scores with :meth:`learner_losses`, ``self.reference.losses`` (its frozen reference, ready
-    before :meth:`score` runs) and ``self.proxies[name].losses`` (the models it adds in
-    :meth:`create_proxies` with :meth:`add_proxy`). A proxy is ``proxy_layers`` × ``proxy_width`` of the
-    learner's architecture (:meth:`proxy_config`) with initial weights drawn from (seed, purpose) alone,
-    or what an overridden :meth:`build_proxy` returns.
+    A subclass scores with :func:`~selection_callbacks.scoring.losses.learner_losses` (the learner's),
+    ``self.reference.losses`` (its frozen reference, ready before :meth:`score` runs) and
+    ``self.proxies[name].losses`` (the models it adds in :meth:`create_proxies` with :meth:`add_proxy`). A proxy
+    is ``proxy_layers`` × ``proxy_width`` of the learner's architecture (:meth:`proxy_config`) with initial
+    weights drawn from (seed, purpose) alone, or what an overridden :meth:`build_proxy` returns.
 
     The reference (``self.reference``, a :class:`Reference`; None when a subclass scores without one) is
     ``reference`` as given, trained (an ``nn.Module``, a Hugging Face model folder or a ``LitGPT`` /
