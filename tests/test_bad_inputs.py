@@ -258,7 +258,8 @@ class _NoLoss(L.LightningModule):
 
 @pytest.mark.parametrize(("method", "needs"), [
     (lambda: HighLossSelection(0.5), ["no per_sample_loss"]),
-    (lambda: OPUSSelection(0.5, score_len=16), ["no per_sample_loss", "no target_batch(n, rng)", "or pass target_file=FILE"]),
+    (lambda: OPUSSelection(0.5, score_len=16),
+     ["no per_sample_loss", "no target_batch(n, rng)", "or pass target_file=FILE"]),
     (lambda: GreatsSelection(0.5, score_len=16), ["no per_sample_loss", "no target_batch(n, rng)"]),
     (lambda: RhoLossSelection(0.5, **SMALL_PROXY), ["no per_sample_loss", "override build_proxy",
                                                     "pretrains its reference", "pass reference=CKPT"]),
@@ -280,7 +281,8 @@ def test_opus_under_an_optimizer_it_has_no_map_for(tiny_corpus) -> None:
             return torch.optim.RMSprop(self.parameters(), lr=1e-3)
 
     with pytest.raises(ValueError, match=r"no optimizer map for RMSprop; supported: .*optimizer's own step"):
-        _fit_own(OPUSSelection(0.5, score_len=16, target_file=tiny_corpus["target"]), _OwnData(ByteTokenizer()), RMSpropLM(vocab=320))
+        _fit_own(OPUSSelection(0.5, score_len=16, target_file=tiny_corpus["target"]), _OwnData(ByteTokenizer()),
+                 RMSpropLM(vocab=320))
 
 
 README_METHODS = {

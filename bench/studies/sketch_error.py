@@ -190,7 +190,8 @@ def layouts(args) -> dict:
     norms = exact.diagonal().sqrt()
     iu = torch.triu_indices(args.n, args.n, 1)
     shares = torch.stack([g.flatten(1).square().sum(1) for g in PG.values()]) / exact.diagonal()
-    result = {"config": vars(args) | {"out": str(args.out), "layers_scored": len(PG), "target_rows": rows["input_ids"].shape[0] - args.n},
+    target_rows = rows["input_ids"].shape[0] - args.n
+    result = {"config": vars(args) | {"out": str(args.out), "layers_scored": len(PG), "target_rows": target_rows},
               "largest_layer_share": float(shares.max(0).values.mean()), "per_m": []}
     for m in (int(x) for x in args.ms.split(",")):
         row: dict = {"m": m}

@@ -229,7 +229,8 @@ def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolve
     if muon:
         resolvers = {**resolvers, "at_base_batch": AtBaseBatch(opt, model, g_base)}
     engine = GhostEngine(model, include_embedding=True, include_head=True)
-    utilities = {k: engine.score(row_losses(model), cat(cands, target), N_CAND, r).utilities.numpy() for k, r in resolvers.items()}
+    utilities = {k: engine.score(row_losses(model), cat(cands, target), N_CAND, r).utilities.numpy()
+                 for k, r in resolvers.items()}
     scored = [f"{layer}.weight" for layer, _ in engine.layers if layer != "wpe"]  # the position table is shared by all rows
 
     if muon:
@@ -330,7 +331,8 @@ def main(argv: list[str] | None = None) -> dict:
                 states.append({"config": label, "optimizer": name, "beta2": beta2, "step": step, "seed": seed,
                                "bf16_error": got.bf16_error, "variants": variants})
                 print(json.dumps(states[-1], ensure_ascii=False), flush=True)
-    result = {"config": {"steps": steps, "seeds": seeds, "configs": [c[0] for c in configs], "K": K, "N": N_CAND, "target": N_TARGET},
+    result = {"config": {"steps": steps, "seeds": seeds, "configs": [c[0] for c in configs], "K": K, "N": N_CAND,
+                         "target": N_TARGET},
               "machine": {"cpus": os.cpu_count(), "platform": platform.machine(), "torch_threads": torch.get_num_threads(),
                           "note": args.note},
               "seconds": time.perf_counter() - start, "states": states, "summary": summarise(states)}

@@ -7,8 +7,8 @@ as their output gradients arrive, by the scorer registered for their type
 (:mod:`~selection_callbacks.scoring.ghost.scorers`: linear layers, embeddings, a weight tied across several
 layers). With ``candidate_chunk`` the target rows ride with the first chunk of candidates (fixing each
 layer's P and Q) and the rest follow in chunks of their own, so activation memory does not grow with N. On an
-accelerator, layers of one shape and one optimizer group are grouped and scored together when the group's
-last gradient arrives (one kernel per group rather than per layer: a GPU is launch-bound at these sizes); on a
+accelerator, layers of one shape and one optimizer group form a layer group, scored together when its
+last gradient arrives (one kernel per layer group rather than per layer: a GPU is launch-bound at these sizes); on a
 CPU each layer is scored alone (grouping only copies there) unless its map gains from grouping. Per layer:
 
 - target direction ḡ = (1/P) Σ_p G_p and the utility vector Q = −Jᵀḡ of the step's derivative J
@@ -222,7 +222,8 @@ class GhostEngine:
         return self._collect(passes, fixed, c)
 
     def _collect(self, passes: list[PassState], fixed: dict[tuple[str, ...], FixedMaps], c: int) -> GhostScores:
-        """The scoring call's :class:`GhostScores` from its passes (the first carries c candidates and the target rows)."""
+        """The scoring call's :class:`GhostScores` from its passes (the first carries c candidates and the target
+        rows)."""
         head = passes[0]
         losses = torch.cat([head.losses[:c], *(s.losses for s in passes[1:]), head.losses[c:]])
         order = [name for name, _ in self.layers if name in head.utilities]

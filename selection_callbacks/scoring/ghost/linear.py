@@ -91,7 +91,8 @@ def linear_maps(
     """P and Q = −Jᵀḡ of the grouped linear layers ``names`` from the pass's B [L, n + P, T, rows],
     A [L, n + P, T, cols] and output gradients ``out`` (for biases); the target rows fix ḡ."""
     n = state.n
-    gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.target_rows())  # Σ_p Σ_t b aᵀ / P, [L, rows, cols]
+    # Σ_p Σ_t b aᵀ / P, [L, rows, cols]
+    gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.target_rows())
     P = state.step_maps([engine.parameter(name) for name in names], gbar)
     fixed = FixedMaps(P, P.utility_vector(gbar))
     if engine.parameter(names[0], "bias") is not None:

@@ -142,14 +142,15 @@ def test_opus_refuses_a_datamodule_without_target_rows(tiny_corpus) -> None:
 
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, callbacks=[OPUSSelection(ratio=0.5, score_len=16)])
-    with pytest.raises(ValueError, match=r"without a datamodule, has no target_batch\(n, rng\).*or pass target_file=FILE"):
+    with pytest.raises(ValueError, match=r"without a datamodule, has no target_batch\(n, rng\).*"
+                                         r"or pass target_file=FILE"):
         trainer.fit(NoTarget(CFG, warmup_steps=1))
 
 
 def test_opus_with_a_target_file_scores_against_the_files_rows(tiny_corpus) -> None:
-    """target_file=FILE draws its rows from the file: a run with the val file as target file scores and selects exactly as a run
-    whose datamodule's target split is that file (windows of the whole 32-token rows, so both pack the same rows and
-    draw them by the same rule), and unlike a run drawing the datamodule's own target split."""
+    """target_file=FILE draws its rows from the file: a run with the val file as target file scores and selects
+    exactly as a run whose datamodule's target split is that file (windows of the whole 32-token rows, so both pack
+    the same rows and draw them by the same rule), and unlike a run drawing the datamodule's own target split."""
     def fit(corpus, target_file):
         selector = OPUSSelection(ratio=0.5, score_len=32, sketch_dim=128, target_file=target_file)
         _fit(corpus, selector, steps=3)
