@@ -19,6 +19,7 @@ _EXPORTS = {
     "RandomSelection": "selection_callbacks.methods.random",
     "RhoLossSelection": "selection_callbacks.methods.rho",
     "SelectionCallback": "selection_callbacks.callbacks.base",
+    "Stack": "selection_callbacks.callbacks.stack",
     "GhostSelection": "selection_callbacks.methods.bases.ghost",
     "ProxySelection": "selection_callbacks.methods.bases.proxy",
     "SelectionLedger": "selection_callbacks.callbacks.ledger_writer",

@@ -43,7 +43,7 @@ class PoisonedLoss(LitGPT):
 
     def per_sample_loss(self, batch):
         loss = super().per_sample_loss(batch)
-        if loss.shape[0] > 8:  # the ghost pass: candidates then proxy rows
+        if loss.shape[0] > 8:  # the ghost pass: candidates then target rows
             poison = torch.ones_like(loss)
             poison[POISONED_ROW] = float("nan")
             loss = loss * poison
@@ -122,7 +122,7 @@ def test_output_head_is_found_by_structure_not_by_name() -> None:
     assert [n for n, _ in scored_layers(model, include_head=True)] == ["head", "fc", "proj"]
     hidden, other2d, _ = split_params(model)
     assert any(p is model.head.weight for p in other2d) and not any(p is model.head.weight for p in hidden)
-    model.head.weight = model.tok.weight  # tied: found through the shared weight, listed once
+    model.head.weight = model.tok.weight  # tied: found through the tied weight, listed once
     assert output_heads(model) == {"head"} and sum(p is model.tok.weight for p in split_params(model)[1]) == 1
 
 
@@ -188,14 +188,14 @@ def _fit_own(callback, dm, model: L.LightningModule | None = None) -> None:
               enable_progress_bar=False, enable_model_summary=False, limit_val_batches=0).fit(model or _TinyLM(), datamodule=dm)
 
 
-def test_text_proxy_without_the_datamodules_tokenizer(tiny_corpus) -> None:
-    with pytest.raises(ValueError, match=r"proxy=.*is text and the datamodule \(_OwnData\) has no `tokenizer`"):
-        _fit_own(OPUSSelection(ratio=0.5, score_len=16, proxy=tiny_corpus["target"]), _OwnData())
+def test_text_target_file_without_the_datamodules_tokenizer(tiny_corpus) -> None:
+    with pytest.raises(ValueError, match=r"target_file=.*is text and the datamodule \(_OwnData\) has no `tokenizer`"):
+        _fit_own(OPUSSelection(ratio=0.5, score_len=16, target_file=tiny_corpus["target"]), _OwnData())
 
 
-def test_proxy_ids_beyond_the_models_vocabulary(tiny_corpus) -> None:
+def test_target_file_ids_beyond_the_models_vocabulary(tiny_corpus) -> None:
     with pytest.raises(ValueError, match=r"its tokens reach id 256, but the model's vocabulary has 64 ids"):
-        _fit_own(GreatsSelection(ratio=0.5, score_len=16, proxy=tiny_corpus["target"]), _OwnData(ByteTokenizer()))
+        _fit_own(GreatsSelection(ratio=0.5, score_len=16, target_file=tiny_corpus["target"]), _OwnData(ByteTokenizer()))
 
 
 def test_plain_muon_on_a_model_with_biases_names_them() -> None:
@@ -258,7 +258,8 @@ class _NoLoss(L.LightningModule):
 
 @pytest.mark.parametrize(("method", "needs"), [
     (lambda: HighLossSelection(0.5), ["no per_sample_loss"]),
-    (lambda: OPUSSelection(0.5, score_len=16), ["no per_sample_loss", "no target_batch(n, rng)", "or pass proxy=FILE"]),
+    (lambda: OPUSSelection(0.5, score_len=16),
+     ["no per_sample_loss", "no target_batch(n, rng)", "or pass target_file=FILE"]),
     (lambda: GreatsSelection(0.5, score_len=16), ["no per_sample_loss", "no target_batch(n, rng)"]),
     (lambda: RhoLossSelection(0.5, **SMALL_PROXY), ["no per_sample_loss", "override build_proxy",
                                                     "pretrains its reference", "pass reference=CKPT"]),
@@ -280,7 +281,8 @@ def test_opus_under_an_optimizer_it_has_no_map_for(tiny_corpus) -> None:
             return torch.optim.RMSprop(self.parameters(), lr=1e-3)
 
     with pytest.raises(ValueError, match=r"no optimizer map for RMSprop; supported: .*optimizer's own step"):
-        _fit_own(OPUSSelection(0.5, score_len=16, proxy=tiny_corpus["target"]), _OwnData(ByteTokenizer()), RMSpropLM(vocab=320))
+        _fit_own(OPUSSelection(0.5, score_len=16, target_file=tiny_corpus["target"]), _OwnData(ByteTokenizer()),
+                 RMSpropLM(vocab=320))
 
 
 README_METHODS = {
@@ -355,7 +357,7 @@ def test_ratio_outside_the_unit_interval() -> None:
             RandomSelection(ratio=ratio)
 
 
-def test_labels_on_candidates_but_not_on_proxy_rows(tiny_corpus) -> None:
+def test_labels_on_candidates_but_not_on_target_rows(tiny_corpus) -> None:
     class WithLabels(_OwnData):
         def train_dataloader(self):
             ids = torch.randint(0, 64, (8, 33))

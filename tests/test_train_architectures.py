@@ -19,7 +19,7 @@ ROOT = Path(__file__).resolve().parents[1]
 ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt-neox", "olmo2", "phi3", "gemma2"]
 STEPS, K, N = 2, 4, 8
 METHODS = {
-    "opus": ["--config", str(ROOT / "configs/method/opus.yaml"), "--selection.init_args.proxy_batch_size", "4"],
+    "opus": ["--config", str(ROOT / "configs/method/opus.yaml"), "--selection.init_args.target_batch_size", "4"],
     "rho_windows": ["--config", str(ROOT / "configs/method/rho.yaml"), "--selection.init_args.score_len", "16",
                     "--selection.init_args.reference_steps", "2", "--selection.init_args.reference_batch_size", "4"],
 }

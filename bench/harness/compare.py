@@ -41,6 +41,7 @@ from bench.harness.train_child import ROOT, fit_command, thread_env
 
 
 TRAIN_KEYS = ("model.", "trainer.", "data.")  # variant keys that are train.py flags, not selection arguments
+RENAMED_ARGS = {"proxy_batch_size": "target_batch_size", "stack_layers": "group_layers"}  # names in committed keys
 
 
 def split_variant(name: str) -> tuple[str, list[tuple[str, str]]]:
@@ -176,6 +177,7 @@ class Plan:
         if subset:
             cmd += ["--data.subset", str(subset)]
         for key, value in [] if method.offline else [*self.overrides.get(method.name, []), *prepared]:
+            key = RENAMED_ARGS.get(key, key)
             cmd += [f"--{key}" if key.startswith(TRAIN_KEYS) else f"--selection.init_args.{key}", value]
         return cmd + list(a.extra)
 

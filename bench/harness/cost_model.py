@@ -110,7 +110,7 @@ def projected_cost(parts: dict[str, float], window: int | None, source: Shape, t
 
     - τ'/τ: a pass runs over rows proportional to the batch, each of ``window`` tokens (a scoring window,
       kept at its length) or of the whole sequence (None), while update tokens grow with T: so τ'/τ = T/T'
-      for a windowed pass and 1 for a whole-sequence one. Rows fixed in number (OPUS's proxy batch) are
+      for a windowed pass and 1 for a whole-sequence one. Rows fixed in number (OPUS's target batch) are
       read as proportional too, which is exact when source and target have the same batch.
     - F: passes of ``learner*`` models (``learner``, ``learner_reached``) run the learner, the others a proxy;
       the source's F are matmul FLOPs (what runs count), the target's add attention over each pass's context

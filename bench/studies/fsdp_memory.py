@@ -6,7 +6,7 @@ Two CPU processes (gloo) hold a GPT of ~9.9M parameters (8 layers × 320), repli
 rank holds every parameter and AdamW moment) or FSDP2-sharded (``fully_shard`` per block, then the root:
 each rank holds a row shard of each). One AdamW step on a training batch fills the moments; then the ghost
 engine, configured as OPUS's default (16-token windows, a 512-bin tensor sketch, AdamW's map), scores N
-candidates against P proxy rows, once to warm up and once under the torch profiler with ``profile_memory``.
+candidates against P target rows, once to warm up and once under the torch profiler with ``profile_memory``.
 
 Live tensor bytes during the profiled call = the bytes the rank held when the call started (its parameters
 and AdamW moments, local shards under FSDP2, counted from the tensors) + the running sum of the profiler's
@@ -79,7 +79,7 @@ def worker(rank: int, a: argparse.Namespace, port: int) -> None:
             p.grad /= a.world
     opt.step()
     opt.zero_grad(set_to_none=True)
-    windows = torch.randint(0, 320, (a.candidates + a.proxy, a.score_len + 1), generator=gen)
+    windows = torch.randint(0, 320, (a.candidates + a.target_rows, a.score_len + 1), generator=gen)
     rows = {"input_ids": windows[:, :-1], "labels": windows[:, 1:]}
     engine = GhostEngine(model, sketch_dim=512)
     loss_fn = mean_token_losses(model)
@@ -116,7 +116,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--layers", type=int, default=8)
     p.add_argument("--width", type=int, default=320)
     p.add_argument("--candidates", type=int, default=64, help="N per rank")
-    p.add_argument("--proxy", type=int, default=8, help="P proxy rows")
+    p.add_argument("--target-rows", type=int, default=8, help="P target rows")
     p.add_argument("--score-len", type=int, default=16)
     p.add_argument("--world", type=int, default=2)
     p.add_argument("--out", required=True)
@@ -129,7 +129,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     mib = 2**20
     text = (f"# OPUS scoring memory per rank: FSDP2 against DDP ({a.world} CPU processes)\n\n"
             f"GPT {a.layers} × {a.width} ({result['runs']['ddp'][0]['parameters']:,} parameters), AdamW, N = {a.candidates} "
-            f"candidates + P = {a.proxy} proxy rows per rank, {a.score_len}-token windows, 512-bin sketch.\n\n"
+            f"candidates + P = {a.target_rows} target rows per rank, {a.score_len}-token windows, 512-bin sketch.\n\n"
             "| mode | rank | held (params + moments) MiB | peak inside score() MiB | peak live MiB |\n|---|---:|---:|---:|---:|\n"
             + "".join(f"| {r['mode']} | {r['rank']} | {r['held_bytes'] / mib:.1f} | {r['call_peak_bytes'] / mib:.1f} | "
                       f"{r['peak_live_bytes'] / mib:.1f} |\n" for mode in MODES for r in result["runs"][mode])

@@ -2,12 +2,12 @@
 
     python -m bench.studies.ghost --out bench/results/ghost.json
 
-For a GPT of ~11M parameters and N = 16, 32, 64 candidates (+ a proxy batch), each variant runs in
+For a GPT of ~11M parameters and N = 16, 32, 64 candidates (+ a target batch), each variant runs in
 its own subprocess so peak RSS only rises within it:
 - ``engine``: GhostEngine, exact utilities + TensorSketch (live AdamW map), candidates
-  in passes of ``--engine-chunk`` rows, the proxy rows with the first (activation memory flat in N);
+  in passes of ``--engine-chunk`` rows, the target rows with the first (activation memory flat in N);
 - ``naive``: chunked ``vmap(grad)`` per-sample gradients of the scored weights, the same (exact)
-  map, utilities and the same hash family applied to the materialised P G_i;
+  map, utilities and the same hash family applied to the formed P G_i;
 - ``naive_full``: the same with all N per-sample gradients at once (no chunking): memory ∝ N;
 - ``floor``: one plain forward + backward over the same tokens (parameter ``.grad``).
 With ``--maps`` the engine is also timed with AdamW's sketch from P G_i formed in every layer
@@ -53,7 +53,7 @@ from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from selection_callbacks.scoring.maps.base import OptimizerMap
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 
-PROXY = 8
+TARGET_ROWS = 8
 
 
 def _rss_kb(field: str) -> int:
@@ -81,7 +81,8 @@ def setup(args: argparse.Namespace):
         row_losses(model)({"input_ids": ids[:, :-1], "labels": ids[:, 1:]}).mean().backward()
         opt.step()
     opt.zero_grad(set_to_none=True)
-    ids = torch.randint(0, 256, (args.n + PROXY, args.score_len + 1), generator=torch.Generator().manual_seed(1)).to(args.device)
+    gen = torch.Generator().manual_seed(1)
+    ids = torch.randint(0, 256, (args.n + TARGET_ROWS, args.score_len + 1), generator=gen).to(args.device)
     return model, opt, {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
 
 
@@ -99,8 +100,8 @@ class FrozenUtilities:
     def group_key(self, param: torch.nn.Parameter):
         return self.resolve.group_key(param)
 
-    def stacks(self, param: torch.nn.Parameter) -> bool:
-        return self.resolve.stacks(param)
+    def gains_from_grouping(self, param: torch.nn.Parameter) -> bool:
+        return self.resolve.gains_from_grouping(param)
 
     def __call__(self, params, gbar: torch.Tensor) -> OptimizerMap:
         pre = self.resolve(params, gbar)
@@ -148,19 +149,19 @@ def prepare_naive(model, opt, rows, args, chunk: int | None = None) -> Callable[
     params = dict(model.named_parameters())
     hashes = {}
     blocks = sketch_blocks([params[k].numel() for k in names], args.sketch_dim)
-    for i, (k, (offset, n)) in enumerate(zip(names, blocks)):  # the engine's TensorSketch hash (layer i's block), materialised
+    for i, (k, (offset, n)) in enumerate(zip(names, blocks)):  # the engine's TensorSketch hash (layer i's block)
         bins, signs = TensorSketch(args.sketch_dim, *params[k].shape, 0, [i], torch.device(args.device), n, [offset]).explicit()
         hashes[k] = (bins[0], signs[0])
 
     def run() -> torch.Tensor:
         """The utilities [N] (sketches are built and dropped, as the engine's would be read)."""
         scored = {k: params[k].detach() for k in names}
-        proxy = per_sample(scored, rows["input_ids"][args.n :], rows["labels"][args.n :])
-        gbar = {k: proxy[k].mean(0) for k in names}
+        target = per_sample(scored, rows["input_ids"][args.n :], rows["labels"][args.n :])
+        gbar = {k: target[k].mean(0) for k in names}
         maps = {k: OptimizerStepMaps(opt)([params[k]], gbar[k][None]) for k in names}
         utilities = []
         for i in range(0, args.n, chunk):
-            j = min(i + chunk, args.n)  # candidates only, never the proxy rows after them
+            j = min(i + chunk, args.n)  # candidates only, never the target rows after them
             G = per_sample(scored, rows["input_ids"][i:j], rows["labels"][i:j])
             u, sketch = 0.0, torch.zeros(G[names[0]].shape[0], args.sketch_dim, device=args.device)
             for k in names:
@@ -325,7 +326,7 @@ def main(argv: list[str] | None = None) -> dict:
     last = table[-1]
     result = {
         "config": {k: getattr(args, k) for k in ("layers", "width", "score_len", "sketch_dim", "chunk", "engine_chunk", "warm_steps", "repeats", "rounds", "threads")}
-        | {"proxy_rows": PROXY, "params": last["params"], "device": args.device,
+        | {"target_rows": TARGET_ROWS, "params": last["params"], "device": args.device,
            "dtype": args.dtype if args.device == "cuda" else "fp32"},
         "n": last["n"],
         "speedup_vs_naive": last["naive_seconds"] / last["engine_seconds"],

@@ -8,19 +8,19 @@ its measured step ratio as one gap. This study re-runs the method's run of a :mo
 (its ``config.yaml``, for the folder's steps, validations and threads) with timers around the parts of the
 selection, and splits the selection's seconds per step into
 
-- ``forward``: the scoring forward over candidate and proxy windows, with the capture's forward hooks;
+- ``forward``: the scoring forward over candidate and target windows, with the capture's forward hooks;
 - ``backward``: the capture's backward from the losses to the earliest scored layer (activation gradients), less
   the layer scoring it fires;
 - per layer group, as its output gradients arrive: ``factors``, the captured inputs and output gradients in the
-  weight's orientation; ``maps``, the proxy direction ḡ, the optimizer's map P read from its state and
+  weight's orientation; ``maps``, the target direction ḡ, the optimizer's map P read from its state and
   Q = −Jᵀḡ (and, on logging steps, the factor error of AdamW's map); ``utilities``, u_i = Σ_t b_tᵀ Q a_t;
   ``sketches``, the sketch of each P G_i; where AdamW's map is far from rank one the sketch forms each P G_i and
   reads u_i from it, so there the utilities are timed with the sketches; ``layer_rest``, the rest of the layer
-  scoring (stacking, biases, embeddings, the sketch's probe on diagnostic selections, bookkeeping);
-- ``grouping``: grouping the captured layers into stacks, after the forward;
+  scoring (grouping, biases, embeddings, the sketch's probe on diagnostic selections, bookkeeping);
+- ``grouping``: grouping the captured layers into layer groups, after the forward;
 - ``collect``: gathering the passes' utilities, losses and sketches;
 - ``step_maps``: building the step's map object from the optimizer;
-- ``windows``: drawing the proxy rows and the candidates' and proxy rows' scoring windows;
+- ``windows``: drawing the target rows and the candidates' and target rows' scoring windows;
 - ``calibrate``: standardising the utilities and the sketches' Gram matrix;
 - ``sampling``: the K draws with the redundancy penalty;
 - ``rest``: the run's recorded selection seconds (the selection timer the step-time split reads) less the parts
@@ -129,7 +129,7 @@ def install(clock: PartClock, selections: list[tuple[int, dict[str, float]]]) ->
     base.select_fit = timed(clock, "sampling", base.select_fit)
     ghost._eager_loss = timed(clock, "forward", ghost._eager_loss)
     ghost.score_windows = timed(clock, "windows", ghost.score_windows)
-    ghost.GhostSelection._proxy_rows = timed(clock, "windows", ghost.GhostSelection._proxy_rows)
+    ghost.GhostSelection._target_batch = timed(clock, "windows", ghost.GhostSelection._target_batch)
     HookCapture.run = timed(clock, "backward", HookCapture.run)  # less the forward and layer scoring, timed inside
     for name, part in (("_arrived", "layer_rest"), ("_groups", "grouping"), ("_collect", "collect")):
         setattr(GhostEngine, name, timed(clock, part, getattr(GhostEngine, name)))

@@ -5,12 +5,12 @@
 
 ``--mode stages`` (the default): a small GPT (output head scored) trained on a Zipf bigram token stream
 with torch's AdamW (β₂ per ``--beta2s``) or Muon + AdamW, stopped at each of ``--steps``. At each state,
-N candidates and a proxy batch; the exact Gram K_ij = Σ_layers ⟨P G_i, P G_j⟩ from per-sample gradients
+N candidates and a target batch; the exact Gram K_ij = Σ_layers ⟨P G_i, P G_j⟩ from per-sample gradients
 (``vmap(grad)``) and the live maps (AdamW's D; Muon's Newton–Schulz frozen at the momentum, the map the
 sketches use). Every engine sketch variant is scored over ``--seeds`` hash seeds:
 
-- ``count``: the exact-chunked CountSketch of the materialised P G_i (the reference);
-- ``tensor``: the engine's default tensor sketch (AdamW stacks through the rescaled rank-1 D ≈ κ r cᵀ where
+- ``count``: the exact-chunked CountSketch of the formed P G_i (the reference);
+- ``tensor``: the engine's default tensor sketch (AdamW layer groups through the rescaled rank-1 D ≈ κ r cᵀ where
   ρ ≤ ``FACTOR_TOLERANCE``, from the formed P G_i elsewhere; exact factors for the other maps);
 - ``formed``: the tensor sketch from the formed P G_i in every AdamW layer (``factor_tolerance`` = 0);
 - ``factored``: the tensor sketch through AdamW's κ r cᵀ everywhere (``factor_tolerance`` = ∞).
@@ -22,7 +22,7 @@ median scoring time. Per state also the AdamW layers' mean ρ (``relative_factor
 Frobenius ``factor_error``.
 
 ``--mode layouts``: the tensor-sketch hash by block layout on the bench.studies.ghost GPT (live AdamW map applied
-exactly to materialised P G_i): every layout hashes each layer's P G_i with TensorSketch's own hash into
+exactly to formed P G_i): every layout hashes each layer's P G_i with TensorSketch's own hash into
 the layer's block of n bins (``sketch_blocks``: n ∝ d_out·d_in; ``even``: n = m // layers) or over all m
 bins (``shared``); per m the mean pair error and, once, the largest layer's share of Σ_l ‖P G_i^l‖².
 """
@@ -54,7 +54,7 @@ VOCAB, SEEN = 320, 256  # ids ≥ SEEN never occur (the byte model's unused rows
 
 
 def preconditioned_grads(model, opt, rows, n: int) -> dict[str, torch.Tensor]:
-    """name → P G_i [n, d_out, d_in] of every scored weight (ḡ from the proxy rows after the n candidates)."""
+    """name → P G_i [n, d_out, d_in] of every scored weight (ḡ from the target rows after the n candidates)."""
     names, per_sample = per_sample_weight_grads(model)
     params = dict(model.named_parameters())
     G = per_sample({k: params[k].detach() for k in names}, rows["input_ids"], rows["labels"])
@@ -149,7 +149,7 @@ def stages(args) -> dict:
             if step not in steps:
                 continue
             opt.zero_grad(set_to_none=True)
-            batch = data.rows(args.n + args.proxy, args.score_len)
+            batch = data.rows(args.n + args.target_rows, args.score_len)
             gram = exact_gram(model, opt, layers, batch, args.n)
             probe = engines["tensor"].score(row_losses(model), batch, args.n, OptimizerStepMaps(opt), probe=2)
             row = {"optimizer": optimizer, "beta2": beta2, "step": step,
@@ -190,7 +190,8 @@ def layouts(args) -> dict:
     norms = exact.diagonal().sqrt()
     iu = torch.triu_indices(args.n, args.n, 1)
     shares = torch.stack([g.flatten(1).square().sum(1) for g in PG.values()]) / exact.diagonal()
-    result = {"config": vars(args) | {"out": str(args.out), "layers_scored": len(PG), "proxy_rows": rows["input_ids"].shape[0] - args.n},
+    target_rows = rows["input_ids"].shape[0] - args.n
+    result = {"config": vars(args) | {"out": str(args.out), "layers_scored": len(PG), "target_rows": target_rows},
               "largest_layer_share": float(shares.max(0).values.mean()), "per_m": []}
     for m in (int(x) for x in args.ms.split(",")):
         row: dict = {"m": m}
@@ -223,7 +224,7 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--muon", type=bool, default=True, help="stages: also Muon (+ AdamW on the head)")
     p.add_argument("--head", type=bool, default=True, help="stages: score the output head")
     p.add_argument("--m", type=int, default=1024, help="stages: sketch dimension")
-    p.add_argument("--proxy", type=int, default=8, help="stages: proxy rows")
+    p.add_argument("--target-rows", type=int, default=8, help="stages: target rows")
     p.add_argument("--train-batch", type=int, default=8, help="stages: rows per training step")
     p.add_argument("--ms", default="256,512,1024", help="layouts: comma-separated sketch sizes m")
     return p

@@ -6,11 +6,11 @@ A tiny GPT (1 block, width 32, 16-token rows, byte vocabulary) trains on the tes
 prose-and-noise documents (``tests/support/toy_corpus.py``, so the states are those of
 tests/scoring/test_maps.py) under a real torch optimizer: AdamW with β = (0.9, β₂) per ``--beta2s``, and
 Muon on the hidden matrices with AdamW (β₂ = 0.95) on the rest. At each of ``--steps`` and for every
-seed of ``--seeds``, a base batch of K = 16 rows, N = 32 candidates and 8 proxy rows from the target
+seed of ``--seeds``, a base batch of K = 16 rows, N = 32 candidates and 8 target rows from the target
 prose. The reference is each candidate's real marginal effect on one step: with ḡ_B the base batch's
-mean gradient, g_i the candidate's and ḡ_proxy the proxy's,
+mean gradient, g_i the candidate's and ḡ_target the target rows',
 
-    effect_i = −⟨Δθ(K/(K+1)·ḡ_B + g_i/(K+1)) − Δθ(K/(K+1)·ḡ_B), ḡ_proxy⟩,
+    effect_i = −⟨Δθ(K/(K+1)·ḡ_B + g_i/(K+1)) − Δθ(K/(K+1)·ḡ_B), ḡ_target⟩,
 
 Δθ(g) the parameter change of one step of a float64 copy of the optimizer (state restored after each
 step) fed gradient g, summed over the parameters the engine scores (every weight but the position
@@ -18,7 +18,7 @@ table). Torch's Muon iterates Newton–Schulz in bfloat16, whose rounding swamps
 the copy runs the same coefficients and steps in float64 (``bf16_error``: its relative Frobenius
 distance from torch's own step, the largest over Muon's matrices).
 
-Each map variant's GhostEngine utilities ⟨G_i, −Jᵀḡ_proxy⟩ (the OPUSSelection maps at
+Each map variant's GhostEngine utilities ⟨G_i, −Jᵀḡ_target⟩ (the OPUSSelection maps at
 K rows) are scored against the effects by Spearman's ρ and by the top-K overlap
 |top-16 by utility ∩ top-16 by effect| (8 expected at random). AdamW: ``frozen`` (the derivative at
 torch's v). Muon: ``momentum`` (the Newton–Schulz derivative at the momentum) and ``frozen_ns`` (the
@@ -65,7 +65,7 @@ from tests.support.toy_corpus import make_docs
 
 T = 16
 CFG = GPTConfig(vocab_size=320, block_size=T, n_layer=1, n_head=2, n_embd=32)
-K, N_CAND, N_PROXY, TRAIN_BATCH = 16, 32, 8, 8
+K, N_CAND, N_TARGET, TRAIN_BATCH = 16, 32, 8, 8
 LR, WD, BETA1, BETA2, MUON_LR, MUON_MU = 3e-3, 0.1, 0.9, 0.95, 0.02, 0.95
 NS = NewtonSchulz((torch_muon.DEFAULT_A, torch_muon.DEFAULT_B, torch_muon.DEFAULT_C), torch_muon.DEFAULT_NS_STEPS, torch_muon.EPS)
 VARIANTS = {"adamw": ("frozen",), "muon": ("momentum", "frozen_ns", "at_base_batch")}
@@ -159,13 +159,13 @@ def relative(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 class _AroundStepMaps:
-    """The optimizer's step maps (``self.inner``), grouped and stacked as the engine's own; subclasses change the maps."""
+    """The optimizer's step maps (``self.inner``), grouped as the engine's own; subclasses change the maps."""
 
     def group_key(self, param):
         return self.inner.group_key(param)
 
-    def stacks(self, param):
-        return self.inner.stacks(param)
+    def gains_from_grouping(self, param):
+        return self.inner.gains_from_grouping(param)
 
 
 class AtBaseBatch(_AroundStepMaps):
@@ -217,19 +217,20 @@ class Probe:
 
 def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolvers: dict[str, StepMaps],
           gen: torch.Generator, beta2: float = BETA2) -> Probe:
-    """Draws K base rows, N_CAND candidates and N_PROXY proxy rows from ``gen``; scores the candidates with
+    """Draws K base rows, N_CAND candidates and N_TARGET target rows from ``gen``; scores the candidates with
     the GhostEngine through every resolver (under Muon also :class:`AtBaseBatch`) and measures effect_i on a
     float64 copy of ``opt``."""
-    base, cands, proxy = windows(POOL, K, gen), windows(POOL, N_CAND, gen), windows(TARGET, N_PROXY, gen)
+    base, cands, target = windows(POOL, K, gen), windows(POOL, N_CAND, gen), windows(TARGET, N_TARGET, gen)
     step = RealStep(model, opt, name, beta2)
-    G = per_sample_grads(step.model, cat(base, cands, proxy))
+    G = per_sample_grads(step.model, cat(base, cands, target))
     g_base = {k: v[:K].mean(0) * K / (K + 1) for k, v in G.items()}
-    g_proxy = {k: v[K + N_CAND :].mean(0) for k, v in G.items()}
+    g_target = {k: v[K + N_CAND :].mean(0) for k, v in G.items()}
     bf16_error, muon = 0.0, name == "muon"
     if muon:
         resolvers = {**resolvers, "at_base_batch": AtBaseBatch(opt, model, g_base)}
     engine = GhostEngine(model, include_embedding=True, include_head=True)
-    utilities = {k: engine.score(row_losses(model), cat(cands, proxy), N_CAND, r).utilities.numpy() for k, r in resolvers.items()}
+    utilities = {k: engine.score(row_losses(model), cat(cands, target), N_CAND, r).utilities.numpy()
+                 for k, r in resolvers.items()}
     scored = [f"{layer}.weight" for layer, _ in engine.layers if layer != "wpe"]  # the position table is shared by all rows
 
     if muon:
@@ -242,7 +243,7 @@ def probe(model: torch.nn.Module, opt: torch.optim.Optimizer, name: str, resolve
         effect = []
         for i in range(N_CAND):
             delta = step({k: g_base[k] + G[k][K + i] / (K + 1) for k in G})
-            effect.append(-sum(float(((delta[k] - ref[k]) * g_proxy[k]).sum()) for k in scored))
+            effect.append(-sum(float(((delta[k] - ref[k]) * g_target[k]).sum()) for k in scored))
     return Probe(utilities, np.array(effect), bf16_error)
 
 
@@ -330,7 +331,8 @@ def main(argv: list[str] | None = None) -> dict:
                 states.append({"config": label, "optimizer": name, "beta2": beta2, "step": step, "seed": seed,
                                "bf16_error": got.bf16_error, "variants": variants})
                 print(json.dumps(states[-1], ensure_ascii=False), flush=True)
-    result = {"config": {"steps": steps, "seeds": seeds, "configs": [c[0] for c in configs], "K": K, "N": N_CAND, "proxy": N_PROXY},
+    result = {"config": {"steps": steps, "seeds": seeds, "configs": [c[0] for c in configs], "K": K, "N": N_CAND,
+                         "target": N_TARGET},
               "machine": {"cpus": os.cpu_count(), "platform": platform.machine(), "torch_threads": torch.get_num_threads(),
                           "note": args.note},
               "seconds": time.perf_counter() - start, "states": states, "summary": summarise(states)}

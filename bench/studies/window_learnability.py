@@ -27,7 +27,7 @@ import numpy as np
 import torch
 from jsonargparse import ArgumentParser, Namespace
 
-from selection_callbacks.core.pass_counts import CostMeter
+from selection_callbacks.core.costs import CostMeter
 from selection_callbacks.core.rank_correlation import spearman
 from selection_callbacks.core.rng import derived_seed, micro_batch_generator
 from selection_callbacks.data.datamodule import PoolDataModule

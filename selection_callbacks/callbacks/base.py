@@ -36,7 +36,7 @@ from selection_callbacks.core.contract import (
     subset_in_place,
     superbatch_size,
 )
-from selection_callbacks.core.pass_counts import CostMeter
+from selection_callbacks.core.costs import CostMeter
 from selection_callbacks.core.domains import domain_names
 from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.nn.flops import matmul_flops_per_token

@@ -7,8 +7,8 @@ error before the first step. The needs:
 - ``per_sample_loss``: the LightningModule has ``per_sample_loss(batch) -> Tensor[N]``, the mean
   token loss of each row (high-loss, RHO-LOSS, ClassAct's paper variant, OPUS, GREATS).
 - ``target_batch``: the datamodule has ``target_batch(n, rng) -> dict`` of n target-split rows
-  (``input_ids``, and ``labels`` when training batches carry them): the proxy batches of OPUS and
-  GREATS without ``proxy=FILE``, the reference pretraining of RHO-LOSS and ClassAct without a
+  (``input_ids``, and ``labels`` when training batches carry them): the target batches of OPUS and
+  GREATS without ``target_file=FILE``, the reference pretraining of RHO-LOSS and ClassAct without a
   reference checkpoint.
 - ``proxy builder``: RHO-LOSS and ClassAct build proxies like the learner: from the module's
   ``config`` (a Hugging Face ``PretrainedConfig``: the same architecture; a ``GPTConfig``: the

@@ -5,11 +5,11 @@
 (the rules: top-K, Gumbel-top-K, uniform, sequential Boltzmann), ``rng`` (per-micro-batch
 generators), ``arguments`` (pieces the command-line tools share), ``domains`` (codes to names),
 ``io`` (atomic writes), ``safe_load`` (users' files loaded weights-only), ``ledger_store`` (the ledger's
-parquet shards), ``rank_correlation`` (Spearman, for score diagnostics), ``pass_counts`` (a selector's
-extra passes per model), ``costs`` (a run's selection costs), ``machine_load`` (other processes' CPUs).
+parquet shards), ``rank_correlation`` (Spearman, for score diagnostics), ``costs`` (what selection costs: a selector's
+extra passes per model and each stage's seconds and peak memory), ``machine_load`` (other processes' CPUs).
 """
 
 __all__ = [
-    "arguments", "contract", "costs", "domains", "io", "ledger_store", "machine_load", "pass_counts", "rank_correlation",
+    "arguments", "contract", "costs", "domains", "io", "ledger_store", "machine_load", "rank_correlation",
     "rng", "safe_load", "sampling", "selection",
 ]

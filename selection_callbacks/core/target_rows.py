@@ -1,6 +1,6 @@
 """What target rows must be, checked before the first step.
 
-Methods that score against the target split (the proxy rows of OPUS and GREATS, the reference
+Methods that score against the target split (the target rows of OPUS and GREATS, the reference
 pretraining of RHO-LOSS and ClassAct) draw ``datamodule.target_batch(n, rng)``. Its rows must be a
 dict whose token entries (``input_ids``, optional ``labels`` and ``loss_mask``) are 2-D [n, T]
 tensors with at least one row, ids inside the learner's vocabulary and finite masks, and they must

@@ -7,7 +7,7 @@
 
 Each pool document is scored by its maximum cosine similarity to any target document; documents
 are kept in descending score until the token budget (byte tokens) is reached. The output is a
-jsonl (``id``, ``text``, ``domain``, ``score``) usable as ``OPUSSelection(proxy=...)`` or as
+jsonl (``id``, ``text``, ``domain``, ``score``) usable as ``OPUSSelection(target_file=...)`` or as
 ``--data.target``.
 """
 

@@ -8,6 +8,8 @@ from typing import Protocol, runtime_checkable
 import torch
 import torch.nn.functional as F
 
+from selection_callbacks.core.costs import CostMeter
+
 
 @runtime_checkable
 class PerSampleLoss(Protocol):
@@ -24,6 +26,12 @@ def per_sample_loss(module: object, batch: MutableMapping) -> torch.Tensor:
             "(mean token loss per sequence; docs/own-model-and-data.md shows one)"
         )
     return module.per_sample_loss(batch)
+
+
+def learner_losses(module: object, batch: MutableMapping, meter: CostMeter) -> torch.Tensor:
+    """[N] the learner's per-sample losses (:func:`per_sample_loss`), its forward counted in ``meter``."""
+    meter.add("learner", "fwd", batch["input_ids"].numel())
+    return per_sample_loss(module, batch)
 
 
 def token_losses(logits: torch.Tensor, batch: MutableMapping) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:

@@ -31,7 +31,7 @@ from typing import Any, Literal
 import torch
 import torch.nn as nn
 
-from selection_callbacks.core.pass_counts import CostMeter
+from selection_callbacks.core.costs import CostMeter
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.scoring.losses import PerSampleLoss, sequence_means, token_losses
 from selection_callbacks.scoring.proxy_models import (

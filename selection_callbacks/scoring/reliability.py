@@ -1,9 +1,9 @@
-"""Split-half reliability of ghost utilities: do two disjoint halves of the proxy batch rank the candidates alike?
+"""Split-half reliability of ghost utilities: do two disjoint halves of the target batch rank the candidates alike?
 
-A candidate's utility u_i = ⟨G_i, Q(ḡ)⟩ is a noisy estimate: ḡ averages P proxy rows. Scoring the
+A candidate's utility u_i = ⟨G_i, Q(ḡ)⟩ is a noisy estimate: ḡ averages P target rows. Scoring the
 same candidates against the first ⌊P/2⌋ rows (u^A) and against the rest (u^B) and taking
-r = Spearman(u^A, u^B) measures how much of the ranking is signal rather than proxy noise: r ≈ 0
-means the utilities rank candidates at random, r → 1 that any proxy batch of this kind ranks them
+r = Spearman(u^A, u^B) measures how much of the ranking is signal rather than the noise of the target rows: r ≈ 0
+means the utilities rank candidates at random, r → 1 that any target batch of this kind ranks them
 the same. The full batch of P rows is more reliable than either half, about 2r/(1+r)
 (Spearman–Brown).
 """
@@ -27,18 +27,18 @@ def split_half_reliability(
     step_maps: Callable[[], StepMaps],
     seed: int = 0,
 ) -> float:
-    """Spearman of the N candidates' utilities against proxy rows [N, N + P//2) and against [N + P//2, N + P).
+    """Spearman of the N candidates' utilities against target rows [N, N + P//2) and against [N + P//2, N + P).
 
-    ``rows`` are the scoring rows (candidates then P ≥ 2 proxy rows); ``step_maps`` makes the step's maps
-    afresh for each half (a map that reads the proxy gradient, as AdamW's before its first step does,
+    ``rows`` are the scoring rows (candidates then P ≥ 2 target rows); ``step_maps`` makes the step's maps
+    afresh for each half (a map that reads the target gradient, as AdamW's before its first step does,
     sees only its half's). Two forward/backward passes of ``engine`` (best built without sketches: only
     the utilities are read). NaN where a half leaves fewer than 3 candidates with finite utilities.
     """
     n_rows = rows["input_ids"].shape[0]
-    proxy = n_rows - n_candidates
-    if proxy < 2:
-        raise ValueError(f"split-half reliability needs ≥ 2 proxy rows, got {proxy}")
-    candidates, half = torch.arange(n_candidates), n_candidates + proxy // 2
+    targets = n_rows - n_candidates
+    if targets < 2:
+        raise ValueError(f"split-half reliability needs ≥ 2 target rows, got {targets}")
+    candidates, half = torch.arange(n_candidates), n_candidates + targets // 2
     halves = (torch.arange(n_candidates, half), torch.arange(half, n_rows))
     utilities = []
     for part in halves:

@@ -9,8 +9,8 @@
 - :class:`TwoSidedProjection`: Σ_t (R_o b'_t)(R_i a'_t)ᵀ with Gaussian R, m = m_o·m_i; unbiased,
   but for low-rank G its error decays only like m^(-1/4).
 Each layer draws its own hashes and signs from (seed, layer index), so per-layer sketches add into
-one m-dimensional vector and inner products stay unbiased across layers. Every sketch takes L
-same-shaped layers stacked along a leading dimension and returns their sum.
+one m-dimensional vector and inner products stay unbiased across layers. Every sketch takes a group of L
+same-shaped layers along a leading dimension and returns their sum.
 """
 
 from __future__ import annotations
@@ -29,7 +29,7 @@ def _generator(seed: int, layer: int) -> torch.Generator:
 class TensorSketch:
     """TensorSketch of per-token outer products, summed over tokens; each layer in its own block of bins.
 
-    Layer k (of the L stacked) hashes entry (o, i) of G = Σ_t b_t a_tᵀ to bin
+    Layer k (of the L grouped) hashes entry (o, i) of G = Σ_t b_t a_tᵀ to bin
     ``offsets[k] + (h1(o) + h2(i)) mod n`` with sign s1(o)s2(i), n = ``block`` bins per layer. That
     CountSketch of G is the circular convolution Σ_t CS1(b_t) ⊛ CS2(a_t), whose real DFT is
     Σ_t (b_t H1) ⊙ (a_t H2) with H[o, k] = s(o)·e^(−2πi·k·h(o)/n), k ≤ n/2. Two dense products with
@@ -41,9 +41,9 @@ class TensorSketch:
         m: sketch dimension (the output has m columns).
         d_out, d_in: factor dimensions.
         seed: selects the hash functions together with each layer index.
-        layers: the layer indices of the stacked layers.
+        layers: the layer indices of the grouped layers.
         block: bins per layer, n (None: m, every layer over all m bins, their sketches summed).
-        offsets: each stacked layer's first bin (with ``block``).
+        offsets: each grouped layer's first bin (with ``block``).
     """
 
     def __init__(
@@ -99,7 +99,7 @@ class TensorSketch:
         return self._signs
 
     def matrices(self, mats: torch.Tensor) -> torch.Tensor:
-        """mats [L, N, d_out, d_in] → [N, m]: the same CountSketch of explicit matrices (e.g. a materialised P G_i)."""
+        """mats [L, N, d_out, d_in] → [N, m]: the same CountSketch of explicit matrices (e.g. a formed P G_i)."""
         return self.signed_matrices(mats.float().mul(self.signs()[:, None]).transpose(0, 1))
 
     def signed_matrices(self, signed: torch.Tensor) -> torch.Tensor:
@@ -140,7 +140,7 @@ def sketch_blocks(sizes: list[int], m: int) -> list[tuple[int, int]]:
     """(first bin, bins) of each layer: m bins split in proportion to the layers' weight sizes.
 
     The error of ⟨S_i, S_j⟩ summed over per-layer blocks of n_l bins is ~ Σ_l ‖G_l‖²‖G'_l‖²/n_l,
-    least (and equal to one shared m-bin sketch's (Σ_l ‖G_l‖²)(Σ_l ‖G'_l‖²)/m) with n_l ∝ the
+    least (and equal to one m-bin sketch common to all layers' (Σ_l ‖G_l‖²)(Σ_l ‖G'_l‖²)/m) with n_l ∝ the
     layers' shares of the squared norms. Under an adaptive optimizer every weight's step is of
     one scale, so a layer's share of ‖P G‖² goes with its size: blocks ∝ d_out·d_in.
     """
@@ -154,7 +154,7 @@ def sketch_blocks(sizes: list[int], m: int) -> list[tuple[int, int]]:
 
 
 class CountSketch:
-    """CountSketch of vec(M) for explicit matrices, summed over L stacked layers (the reference sketch)."""
+    """CountSketch of vec(M) for explicit matrices, summed over L grouped layers (the reference sketch)."""
 
     def __init__(self, m: int, d_out: int, d_in: int, seed: int, layers: list[int], device: torch.device) -> None:
         self.m = m
@@ -173,7 +173,7 @@ class CountSketch:
 
 
 class TwoSidedProjection:
-    """Σ_l Σ_t (R_o b_t)(R_i a_t)ᵀ flattened over L stacked layers, R entries N(0, 1/m_side): m = m_side²."""
+    """Σ_l Σ_t (R_o b_t)(R_i a_t)ᵀ flattened over L grouped layers, R entries N(0, 1/m_side): m = m_side²."""
 
     def __init__(self, m: int, d_out: int, d_in: int, seed: int, layers: list[int], device: torch.device) -> None:
         side = int(math.isqrt(m))

@@ -191,6 +191,21 @@ def test_method_variants_pass_selection_overrides(tiny_corpus, tmp_path) -> None
         bench_compare.resolve_variants(["random", "opus@temperature"])
 
 
+def test_committed_keys_with_an_old_argument_name_run_with_the_new_one(tiny_corpus, tmp_path) -> None:
+    """``opus@proxy_batch_size=32`` and ``opus@stack_layers=true`` (keys of bench/results) set target_batch_size and
+    group_layers; the method keeps its recorded name."""
+    names = ["random", "opus@proxy_batch_size=32@stack_layers=true"]
+    methods, overrides = bench_compare.resolve_variants(names)
+    args = bench_compare.build_parser().parse_args(_args(tiny_corpus, tmp_path, Path("cpu-tiny"), "random"))
+    plan = bench_compare.Plan(args)
+    plan.overrides = overrides
+    cmd = plan.train_command(methods[1], 0, None)
+    assert methods[1].name == names[1]
+    assert cmd[cmd.index("--selection.init_args.target_batch_size") + 1] == "32"
+    assert cmd[cmd.index("--selection.init_args.group_layers") + 1] == "true"
+    assert not any(a.startswith("--") and ("proxy_batch_size" in a or "stack_layers" in a) for a in cmd)
+
+
 def test_steptime_ratios_from_interleaved_runs(bench_run, tiny_corpus) -> None:
     from bench.harness import pass_timing, steptime
 

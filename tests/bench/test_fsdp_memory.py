@@ -23,7 +23,7 @@ def test_peak_is_the_largest_running_sum_of_allocations() -> None:
 
 def test_sharded_scoring_holds_less_than_replicated(tmp_path: Path) -> None:
     """A tiny GPT on 2 gloo processes per layout: the FSDP2 ranks hold half the parameter and moment bytes and peak lower."""
-    result = main(["--layers", "2", "--width", "64", "--candidates", "8", "--proxy", "2", "--out", str(tmp_path)])
+    result = main(["--layers", "2", "--width", "64", "--candidates", "8", "--target-rows", "2", "--out", str(tmp_path)])
     ddp, fsdp2 = result["runs"]["ddp"], result["runs"]["fsdp2"]
     assert all(r["held_bytes"] == ddp[0]["held_bytes"] for r in ddp)
     assert sum(r["held_bytes"] for r in fsdp2) <= ddp[0]["held_bytes"] * 1.01  # shards add up to one replica (padding aside)

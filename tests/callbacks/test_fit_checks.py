@@ -32,7 +32,7 @@ SMALL = {"reference_steps": 2, "proxy_layers": 1, "proxy_width": 32, "proxy_head
 TARGET_READERS = {  # the methods that read target rows, and the alternative each error names
     "rho": (lambda: RhoLossSelection(ratio=0.5, **SMALL), "pass reference=CKPT"),
     "classact": (lambda: ClassActSelection(ratio=0.5, **SMALL), "pass reference=CKPT"),
-    "opus": (lambda: OPUSSelection(ratio=0.5, score_len=16, sketch_dim=64), "pass proxy=FILE"),
+    "opus": (lambda: OPUSSelection(ratio=0.5, score_len=16, sketch_dim=64), "pass target_file=FILE"),
 }
 
 
@@ -133,7 +133,8 @@ def test_an_empty_target_split_is_named_before_the_first_step(method) -> None:
      r"returned non-finite 'loss_mask' values in rows \[0, 1\]: a mask holds a finite weight"),
 ])
 def test_target_rows_a_method_cannot_use_are_named_before_the_first_step(target, message) -> None:
-    with pytest.raises(ValueError, match=r"OPUSSelection draws its proxy rows from the target split, but the datamodule's "
+    with pytest.raises(ValueError, match=r"OPUSSelection draws its target rows from the target split, but the "
+                                         r"datamodule's "
                                          rf"\(MyData\) target_batch\(n, rng\) {message}"):
         fit([OPUSSelection(ratio=0.5, score_len=16, sketch_dim=64)], MyData(target=target))
 
@@ -163,7 +164,7 @@ class GlobalRngTarget(MyData):
 
 
 def test_the_target_check_moves_no_row_a_method_draws_later(monkeypatch) -> None:
-    """OPUS under a datamodule that reads the global RNGs draws the same proxy rows and selects the same candidates
+    """OPUS under a datamodule that reads the global RNGs draws the same target rows and selects the same candidates
     with the fit-start draw as without it."""
     runs = []
     for check in (True, False):
@@ -184,7 +185,8 @@ def test_the_target_check_moves_no_row_a_method_draws_later(monkeypatch) -> None
 def test_the_target_draw_leaves_the_global_rng_states_as_they_were() -> None:
     dm = GlobalRngTarget()
     before = (torch.get_rng_state(), np.random.get_state()[1].copy(), random.getstate())
-    rows, problems = drawn_target_rows([TargetUse("OPUSSelection", "reads", "pass proxy=FILE")], dm, VOCAB, seed=0)
+    uses = [TargetUse("OPUSSelection", "reads", "pass target_file=FILE")]
+    rows, problems = drawn_target_rows(uses, dm, VOCAB, seed=0)
     assert problems == [] and rows["input_ids"].shape == (2, T)
     assert torch.equal(torch.get_rng_state(), before[0]) and (np.random.get_state()[1] == before[1]).all()
     assert random.getstate() == before[2]

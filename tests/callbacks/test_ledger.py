@@ -91,14 +91,14 @@ def muon_score_tolerance(steps: np.ndarray) -> np.ndarray:
     """The bound on |score_DDP − score_single| of OPUS under Muon at each row's optimizer step (the scores are the
     calibrated utilities û = (u − ū)/σ_u, O(1) and unitless, so the bound is absolute).
 
-    Nothing of the scoring is summed over ranks (Muon's point is the momentum each process holds, the proxy rows
+    Nothing of the scoring is summed over ranks (Muon's point is the momentum each process holds, the target rows
     are every rank's), so the runs differ by the order of float32 sums only. Training sums each step's gradient in
     another order: one process reduces the K·T token terms of a weight's gradient in one pass, DDP K/2·T on each
     rank and then the two ranks' means. A sum of n = K·T float32 terms carries a rounding error of about √n·u
     relative (u = 2⁻²⁴, the unit roundoff; the terms' errors add as a random walk, Higham, *Accuracy and Stability
     of Numerical Algorithms*, §2.8). Momentum and weights sum the steps' updates, so after s steps the runs'
     weights differ by about s·√n·u relative; the scoring pass adds one more such rounding (its sums over a batch
-    of another size: the proxy gradient's P·T ≤ K·T terms). Muon maps the momentum through Newton–Schulz, whose
+    of another size: the target gradient's P·T ≤ K·T terms). Muon maps the momentum through Newton–Schulz, whose
     derivative has a gain of up to a^k along small singular values (the polynomial's slope a at 0 over its k
     steps: a^k ≈ 485 for torch's coefficients), so the update, the next momentum point and the utilities relative
     to their spread σ_u move by at most about (s + 1)·√n·u·a^k: the tolerance at step s (4.6e-4 a step here).

@@ -9,7 +9,7 @@ and steps AdamW on the shards (elementwise, so sharding does not change the upda
 all-gathered copies of the same weights. With two ranks the reduction is one addition, a + b = b + a
 exactly in whichever order gloo adds, and one halving, exact in binary floating point, so the weights,
 and the scores read from them, are bitwise those of DDP. The ghost methods (OPUS, GREATS) add nothing
-reduced: each rank scores its own candidate and proxy rows through the all-gathered weights (the scoring
+reduced: each rank scores its own candidate and target rows through the all-gathered weights (the scoring
 backward differentiates the captured activations and writes no ``.grad``, so FSDP2 reduce-scatters
 nothing in it), and OPUS all-gathers each scored layer's AdamW moments whole (concatenated shards, exact).
 So the scores are compared for equality, as are sample ids and selections (more ranks would add in a

@@ -15,7 +15,9 @@ from selection_callbacks.data.hf_tokenizer import HFTokenizer
 from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.offline.common import features as features_mod
 from selection_callbacks.offline.common.corpus import Budget, SelectionError, gumbel_order, load_corpus
-from selection_callbacks.offline.common.features import FeatureConfig, distinct_ratio, feature_bank, kmeans, standardise
+from selection_callbacks.offline.common.features import (
+    FeatureConfig, distinct_ratio, feature_bank, kmeans, standardised_columns,
+)
 from selection_callbacks.offline.common.proxy_train import (
     ProxyConfig,
     make_proxy,
@@ -146,7 +148,7 @@ def test_small_helpers() -> None:
     x = np.concatenate([rng.normal(0, 0.1, (20, 3)), rng.normal(5, 0.1, (20, 3))])
     labels = kmeans(x, 2, seed=0)
     assert len(set(labels[:20])) == 1 and len(set(labels[20:])) == 1 and labels[0] != labels[-1]
-    z, mean, std = standardise(np.array([[1.0, 5.0], [3.0, 5.0], [np.nan, 5.0]]))
+    z, mean, std = standardised_columns(np.array([[1.0, 5.0], [3.0, 5.0], [np.nan, 5.0]]))
     np.testing.assert_allclose(z, [[-1.0, 0.0], [1.0, 0.0], [0.0, 0.0]])
 
 

@@ -20,14 +20,14 @@ from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 from selection_callbacks.scoring.maps.step_maps import IdentityStepMaps, OptimizerStepMaps
 from selection_callbacks.scoring.maps.muon import NewtonSchulz, newton_schulz_left_factor
 
-N_CAND, N_PROXY, T = 5, 3, 8
-STACK_BY_DEFAULT = ghost.stack_by_default  # the engine's own rule (the fixture below replaces it)
+N_CAND, N_TARGET, T = 5, 3, 8
+GROUP_BY_DEFAULT = ghost.group_by_default  # the engine's own rule (the fixture below replaces it)
 
 
-@pytest.fixture(autouse=True, params=["stacked", "per_layer"])
-def stacking(request, monkeypatch) -> str:
-    """Every engine test runs with same-shaped layers stacked (the accelerator default) and one by one (CPU's)."""
-    monkeypatch.setattr(ghost, "stack_by_default", lambda device, resolve, param: request.param == "stacked")
+@pytest.fixture(autouse=True, params=["grouped", "per_layer"])
+def grouping(request, monkeypatch) -> str:
+    """Every engine test runs with same-shaped layers grouped (the accelerator default) and one by one (CPU's)."""
+    monkeypatch.setattr(ghost, "group_by_default", lambda device, resolve, param: request.param == "grouped")
     return request.param
 
 
@@ -49,7 +49,7 @@ def trained(name: str, steps: int = 3, bias: bool = False, seed: int = 0):
     return model, opt
 
 
-def rows(seed: int = 1, n: int = N_CAND + N_PROXY):
+def rows(seed: int = 1, n: int = N_CAND + N_TARGET):
     ids = torch.randint(0, 64, (n, T + 1), generator=torch.Generator().manual_seed(seed))
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
 
@@ -201,7 +201,7 @@ def test_adamw_rank1_factor_error_is_reported() -> None:
     fc = [model.blocks[0].mlp.fc.weight, model.blocks[1].mlp.fc.weight]
     P = OptimizerStepMaps(opt)(fc, torch.randn(2, *fc[0].shape))
     r, c = P.rank1()
-    for i in range(2):  # each stacked layer gets its own rescaled rank-1 factors and errors
+    for i in range(2):  # each grouped layer gets its own rescaled rank-1 factors and errors
         q = torch.outer(r[i], c[i]) / P.D[i]
         kappa = q.square().mean().rsqrt()
         torch.testing.assert_close(P.norm_scale[i], kappa, rtol=1e-4, atol=1e-6)
@@ -304,9 +304,9 @@ def test_identity_maps_are_plain_gradient_inner_product() -> None:
     torch.testing.assert_close(got, want, rtol=1e-4, atol=1e-8)
 
 
-def test_rows_must_hold_candidates_and_proxy() -> None:
+def test_rows_must_hold_candidates_and_target_rows() -> None:
     model, opt = trained("sgd", 0)
-    with pytest.raises(ValueError, match="≥ 1 proxy row"):
+    with pytest.raises(ValueError, match="≥ 1 target row"):
         GhostEngine(model).score(row_losses(model), rows(n=5), 5, OptimizerStepMaps(opt))
 
 
@@ -369,7 +369,7 @@ def test_biases_enter_sketches_and_norms() -> None:
 def test_adamw_map_stays_bounded_on_unseen_embedding_rows() -> None:
     model, opt = trained("adamw", 0)
     gbar = torch.zeros_like(model.wte.weight)
-    gbar[:3] = 1e-3  # the proxy touches three rows only
+    gbar[:3] = 1e-3  # the target rows touch three rows only
     P = OptimizerStepMaps(opt)([model.wte.weight], gbar[None])
     scale = P.C * P.D[0]
     # untouched rows are capped by the tensor floor: 1/√(0.01·mean v) instead of lr/ε (~1e5 × the touched rows)
@@ -409,10 +409,10 @@ def test_muon_factor_equals_the_explicit_iteration(shape) -> None:
 
 @pytest.mark.parametrize("opt_name,sketch", [("adamw", "tensor"), ("adamw", "count"), ("muon", "tensor"), ("sgd", "two_sided")])
 def test_candidate_chunks_give_the_one_pass_scores(opt_name: str, sketch: str) -> None:
-    """Candidate chunks, the proxy rows riding with the first (flat activation memory) = one pass over all rows."""
+    """Candidate chunks, the target rows riding with the first (flat activation memory) = one pass over all rows."""
     model, opt = trained(opt_name, bias=opt_name == "sgd")
     embedding = sketch != "two_sided"
-    batch, resolver = rows(n=11 + N_PROXY), OptimizerStepMaps(opt)
+    batch, resolver = rows(n=11 + N_TARGET), OptimizerStepMaps(opt)
     kwargs = dict(include_embedding=embedding, include_head=True, sketch_dim=256, sketch=sketch, norms=True)
     one = GhostEngine(model, **kwargs).score(row_losses(model), batch, 11, resolver, seed=3)
     for chunk in (1, 4, 11):
@@ -427,8 +427,8 @@ def test_candidate_chunks_give_the_one_pass_scores(opt_name: str, sketch: str) -
 
 
 @pytest.mark.parametrize("opt_name", ["adamw", "muon"])
-def test_layers_stack_only_within_one_optimizer_group(opt_name: str) -> None:
-    """blocks.0 trains in its own group (another lr): its layers get their own stacked maps, still exact."""
+def test_layers_group_only_within_one_optimizer_group(opt_name: str) -> None:
+    """blocks.0 trains in its own group (another lr): its layers get their own grouped maps, still exact."""
     model, _ = trained("sgd", 0)
     first = [p for n, p in model.named_parameters() if n.startswith("blocks.0.") and p.ndim == 2]
     rest = [p for n, p in model.named_parameters() if not (n.startswith("blocks.0.") and p.ndim == 2)]
@@ -451,7 +451,7 @@ def test_same_shaped_layers_with_and_without_bias_are_scored_apart() -> None:
     """Two 8×8 linears, one with a bias: both exact against per-row autograd gradients."""
     torch.manual_seed(0)
     net = torch.nn.Sequential(torch.nn.Linear(8, 8, bias=True), torch.nn.Tanh(), torch.nn.Linear(8, 8, bias=False))
-    x = torch.randn(N_CAND + N_PROXY, 4, 8)
+    x = torch.randn(N_CAND + N_TARGET, 4, 8)
 
     def losses(batch):
         return net(batch["input_ids"]).pow(2).mean((1, 2))
@@ -464,10 +464,10 @@ def test_same_shaped_layers_with_and_without_bias_are_scored_apart() -> None:
 
 
 def test_same_shaped_layers_on_different_token_counts_are_scored_apart() -> None:
-    """A pooler-like Linear on one token beside a same-shaped Linear on all tokens: not stacked, both exact."""
+    """A pooler-like Linear on one token beside a same-shaped Linear on all tokens: not grouped, both exact."""
     torch.manual_seed(0)
     body, pool = torch.nn.Linear(8, 8), torch.nn.Linear(8, 8)
-    x = torch.randn(N_CAND + N_PROXY, 5, 8)
+    x = torch.randn(N_CAND + N_TARGET, 5, 8)
 
     def losses(batch):
         h = torch.tanh(body(batch["input_ids"]))
@@ -481,8 +481,8 @@ def test_same_shaped_layers_on_different_token_counts_are_scored_apart() -> None
     torch.testing.assert_close(got.utilities, want, rtol=1e-4, atol=1e-7)
 
 
-def test_stacked_adamw_map_keeps_each_layers_step_and_amsgrad_state() -> None:
-    """One stacked map over layers with different step counts and partial amsgrad state = the maps one by one."""
+def test_grouped_adamw_map_keeps_each_layers_step_and_amsgrad_state() -> None:
+    """One grouped map over layers with different step counts and partial amsgrad state = the maps one by one."""
     model, _ = trained("sgd", 0)
     fc = [model.blocks[0].mlp.fc.weight, model.blocks[1].mlp.fc.weight]
     opt = torch.optim.AdamW(fc, lr=1e-2, betas=(0.9, 0.95), amsgrad=True)
@@ -493,15 +493,15 @@ def test_stacked_adamw_map_keeps_each_layers_step_and_amsgrad_state() -> None:
     opt.state[fc[1]].pop("max_exp_avg_sq")  # as if it had never been stepped with amsgrad on
     gbar = torch.randn(2, *fc[0].shape)
     resolver = OptimizerStepMaps(opt)
-    stacked = resolver(fc, gbar).apply(gbar)
+    grouped = resolver(fc, gbar).apply(gbar)
     for i in range(2):
-        torch.testing.assert_close(stacked[i], resolver([fc[i]], gbar[i : i + 1]).apply(gbar[i : i + 1])[0])
+        torch.testing.assert_close(grouped[i], resolver([fc[i]], gbar[i : i + 1]).apply(gbar[i : i + 1])[0])
 
 
-@pytest.mark.parametrize("stack", [False, True])
-def test_layers_are_scored_inside_the_backward_and_release_their_captures(stack: bool, monkeypatch) -> None:
-    """Each group is scored as its last b arrives: one by one, at most one layer's b is held at a time; stacked,
-    the groups' scores still equal the unstacked ones."""
+@pytest.mark.parametrize("group_layers", [False, True])
+def test_layers_are_scored_inside_the_backward_and_release_their_captures(group_layers: bool, monkeypatch) -> None:
+    """Each group is scored as its last b arrives: one by one, at most one layer's b is held at a time; grouped,
+    the groups' scores still equal the ungrouped ones."""
     model, opt = trained("adamw")
     held, groups = [], []
     arrived, score_group = GhostEngine._arrived, GhostEngine._score_group
@@ -517,31 +517,31 @@ def test_layers_are_scored_inside_the_backward_and_release_their_captures(stack:
     monkeypatch.setattr(GhostEngine, "_arrived", spy_arrived)
     monkeypatch.setattr(GhostEngine, "_score_group", spy_groups)
     batch, resolver = rows(), OptimizerStepMaps(opt)
-    got = GhostEngine(model, stack_layers=stack, sketch_dim=64).score(row_losses(model), batch, N_CAND, resolver)
+    got = GhostEngine(model, group_layers=group_layers, sketch_dim=64).score(row_losses(model), batch, N_CAND, resolver)
     assert sorted(n for g in groups for n in g) == sorted(name for name, _ in scored_layers(model))
-    if stack:
+    if group_layers:
         assert max(map(len, groups)) == 2  # the two blocks' same-shaped layers
-        want = GhostEngine(model, stack_layers=False, sketch_dim=64).score(row_losses(model), batch, N_CAND, resolver)
+        want = GhostEngine(model, group_layers=False, sketch_dim=64).score(row_losses(model), batch, N_CAND, resolver)
         torch.testing.assert_close(got.utilities, want.utilities, rtol=1e-5, atol=1e-6 * float(want.utilities.abs().max()))
         torch.testing.assert_close(got.sketches, want.sketches, rtol=1e-4, atol=1e-5 * float(want.sketches.abs().max()))
     else:
         assert set(map(len, groups)) == {1} and max(held) == 0  # each b is scored and dropped on arrival
 
 
-@pytest.mark.parametrize("optimizer, stacked", [("adamw", False), ("muon", True)])
-def test_layers_stack_by_default_on_accelerators_and_under_muon(monkeypatch, optimizer: str, stacked: bool) -> None:
-    """stack_layers=None: stacked on accelerators; on CPU only the layers Muon steps (its maps gain from a stack),
+@pytest.mark.parametrize("optimizer, grouped", [("adamw", False), ("muon", True)])
+def test_layers_group_by_default_on_accelerators_and_under_muon(monkeypatch, optimizer: str, grouped: bool) -> None:
+    """group_layers=None: grouped on accelerators; on CPU only the layers Muon steps (its maps gain from a group),
     the others one by one."""
-    monkeypatch.setattr(ghost, "stack_by_default", STACK_BY_DEFAULT)
+    monkeypatch.setattr(ghost, "group_by_default", GROUP_BY_DEFAULT)
     groups, score_group = [], GhostEngine._score_group
     monkeypatch.setattr(GhostEngine, "_score_group", lambda self, names, state: (groups.append(names), score_group(self, names, state)))
     model, opt = trained(optimizer)
     resolve = OptimizerStepMaps(opt)
     for _, module in scored_layers(model):
-        assert STACK_BY_DEFAULT(torch.device("cuda"), resolve, module.weight)
-        assert STACK_BY_DEFAULT(torch.device("cpu"), resolve, module.weight) is stacked
+        assert GROUP_BY_DEFAULT(torch.device("cuda"), resolve, module.weight)
+        assert GROUP_BY_DEFAULT(torch.device("cpu"), resolve, module.weight) is grouped
     GhostEngine(model).score(row_losses(model), rows(), N_CAND, resolve)
-    assert set(map(len, groups)) == ({2} if stacked else {1})  # the two blocks' same-shaped layers
+    assert set(map(len, groups)) == ({2} if grouped else {1})  # the two blocks' same-shaped layers
 
 
 @pytest.mark.parametrize("pattern", [None, ["blocks.1.*"], ["blocks.1.mlp.*"]])

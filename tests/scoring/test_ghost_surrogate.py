@@ -1,4 +1,4 @@
-"""The surrogate predicts the real effect of one optimizer step on the proxy loss."""
+"""The surrogate predicts the real effect of one optimizer step on the target loss."""
 
 from __future__ import annotations
 
@@ -30,7 +30,7 @@ def new_optimizer(model, name: str):
 
 
 @pytest.mark.parametrize("name", ["adamw", "muon"])
-def test_utility_ranks_real_proxy_loss_decrease(tiny_corpus, tmp_path, name: str) -> None:
+def test_utility_ranks_real_target_loss_decrease(tiny_corpus, tmp_path, name: str) -> None:
     pool = pack_source(tiny_corpus["pool"], 32, tmp_path, progress=False)
     target = pack_source(tiny_corpus["target"], 32, tmp_path, progress=False)
     torch.manual_seed(0)
@@ -42,12 +42,12 @@ def test_utility_ranks_real_proxy_loss_decrease(tiny_corpus, tmp_path, name: str
         losses(model, pool.batch(rng.choice(len(pool), K, replace=False))).mean().backward()
         opt.step()
     cand = pool.batch(rng.choice(len(pool), K, replace=False))
-    proxy = target.batch(rng.choice(len(target), 8, replace=False))
-    rows = {k: torch.cat([cand[k], proxy[k]]) for k in ("input_ids", "labels")}
+    target_rows = target.batch(rng.choice(len(target), 8, replace=False))
+    rows = {k: torch.cat([cand[k], target_rows[k]]) for k in ("input_ids", "labels")}
     engine = GhostEngine(model, include_embedding=True, include_head=True)
     predicted = engine.score(lambda b: losses(model, b), rows, K, OptimizerStepMaps(opt)).utilities
     with torch.no_grad():
-        before = losses(model, proxy).mean()
+        before = losses(model, target_rows).mean()
     actual = []
     for i in range(K):  # one real optimizer step per candidate, from the same state
         m2 = copy.deepcopy(model)
@@ -57,6 +57,6 @@ def test_utility_ranks_real_proxy_loss_decrease(tiny_corpus, tmp_path, name: str
         (losses(m2, {k: v[i : i + 1] for k, v in cand.items()}).sum() / K).backward()
         o2.step()
         with torch.no_grad():
-            actual.append(float(before - losses(m2, proxy).mean()))
+            actual.append(float(before - losses(m2, target_rows).mean()))
     rho = spearmanr(predicted.numpy(), np.asarray(actual)).statistic
-    assert rho >= 0.8, f"rank correlation {rho:.3f} between predicted utility and real proxy-loss decrease"
+    assert rho >= 0.8, f"rank correlation {rho:.3f} between predicted utility and real target-loss decrease"

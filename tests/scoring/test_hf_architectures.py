@@ -30,7 +30,7 @@ from tests.support.per_sample_gradients import brute_force, per_sample_grads  # 
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt-neox", "olmo2", "phi3", "gemma2"]
-N_CAND, N_PROXY, T = 5, 3, 8
+N_CAND, N_TARGET, T = 5, 3, 8
 METHODS = {"opus": OPUSSelection, "greats": GreatsSelection}
 
 
@@ -42,7 +42,7 @@ def _learner(name: str, **fields) -> LitCausalLM:
     return LitCausalLM(config)
 
 
-def _rows(n: int = N_CAND + N_PROXY, seed: int = 1, high: int = 256) -> dict[str, torch.Tensor]:
+def _rows(n: int = N_CAND + N_TARGET, seed: int = 1, high: int = 256) -> dict[str, torch.Tensor]:
     ids = torch.randint(0, high, (n, T + 1), generator=torch.Generator().manual_seed(seed))
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
 
@@ -198,7 +198,7 @@ def test_layers_the_capture_cannot_serve_are_named_with_their_cause() -> None:
 
 @pytest.mark.parametrize("method", ["opus", "greats"])
 def test_a_wiring_the_capture_cannot_serve_is_refused_before_the_first_step(tiny_corpus, method: str) -> None:
-    """The fit-start check runs one capture pass over the proxy rows: both layers named, with their causes, in the one
+    """The fit-start check runs one capture pass over the target rows: both layers named, with their causes, in the one
     error before the first step; leaving them out with layers=[...] lets the fit run."""
     seen = []
 
@@ -219,7 +219,7 @@ def test_a_wiring_the_capture_cannot_serve_is_refused_before_the_first_step(tiny
 
     with pytest.raises(ValueError, match=r"(?s)cannot start:.*did not run.*\['gpt_neox.unused'\].*"
                                          r"never arrived: \['gpt_neox.layers.1.attention.dense.1.inner'\]") as info:
-        fit(METHODS[method](ratio=0.5, proxy_batch_size=4))
+        fit(METHODS[method](ratio=0.5, target_batch_size=4))
     assert seen == [] and "torch.compile" not in str(info.value)
-    fit(METHODS[method](ratio=0.5, proxy_batch_size=4, layers=["gpt_neox.layers.0.*", "gpt_neox.layers.1.mlp.*"]))
+    fit(METHODS[method](ratio=0.5, target_batch_size=4, layers=["gpt_neox.layers.0.*", "gpt_neox.layers.1.mlp.*"]))
     assert seen == [0]

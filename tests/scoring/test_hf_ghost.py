@@ -22,21 +22,22 @@ from models.hf_causal_lm import causal_lm_config  # noqa: E402
 from selection_callbacks.methods import GreatsSelection, OPUSSelection  # noqa: E402
 from selection_callbacks.nn.optim import build_optimizer  # noqa: E402
 from selection_callbacks.scoring.ghost.engine import GhostEngine  # noqa: E402
-from selection_callbacks.scoring.ghost.layers import scored_layers, shared_weights, unscorable_layers  # noqa: E402
+from selection_callbacks.scoring.ghost.layers import scored_layers, tied_weights, unscorable_layers  # noqa: E402
 from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps  # noqa: E402
 from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, sketch_blocks  # noqa: E402
 from tests.support.per_sample_gradients import brute_force, per_sample_grads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
-N_CAND, N_PROXY, T = 5, 3, 8
+N_CAND, N_TARGET, T = 5, 3, 8
 # (config, tie_word_embeddings): each model as its config ships and with the other choice of head
 MODELS = [("llama", True), ("llama", False), ("gpt2", True), ("gpt2", False), ("qwen2", False), ("qwen2", True)]
 
 
-@pytest.fixture(params=["stacked", "per_layer"])
-def stacking(request, monkeypatch) -> str:
-    """An engine test that asks for it runs with same-shaped layers stacked (the accelerator default) and one by one (CPU's)."""
-    monkeypatch.setattr(ghost, "stack_by_default", lambda device, resolve, param: request.param == "stacked")
+@pytest.fixture(params=["grouped", "per_layer"])
+def grouping(request, monkeypatch) -> str:
+    """An engine test that asks for it runs with same-shaped layers grouped (the accelerator default) and one by one
+    (CPU's)."""
+    monkeypatch.setattr(ghost, "group_by_default", lambda device, resolve, param: request.param == "grouped")
     return request.param
 
 
@@ -47,7 +48,7 @@ def _model(name: str, tied: bool) -> LitCausalLM:
     return LitCausalLM(config)
 
 
-def _rows(n: int = N_CAND + N_PROXY, seed: int = 1) -> dict[str, torch.Tensor]:
+def _rows(n: int = N_CAND + N_TARGET, seed: int = 1) -> dict[str, torch.Tensor]:
     ids = torch.randint(0, 256, (n, T + 1), generator=torch.Generator().manual_seed(seed))
     return {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}
 
@@ -68,7 +69,7 @@ def _trained(name: str, tied: bool, optimizer: str, steps: int = 2) -> tuple[Lit
 
 @pytest.mark.parametrize("optimizer", ["sgd", "adamw", "muon"])
 @pytest.mark.parametrize("name, tied", MODELS)
-def test_utilities_and_norms_match_per_sample_gradients(stacking: str, name: str, tied: bool, optimizer: str) -> None:
+def test_utilities_and_norms_match_per_sample_gradients(grouping: str, name: str, tied: bool, optimizer: str) -> None:
     """Every scored layer type (Linear without bias, Linear with bias, Conv1D with bias, the token embedding, the
     head, tied or not) per layer, under the live optimizer's maps: Muon on hidden matrices (a Conv1D's in its
     stored [in, out] orientation, at its group's rescaled lr), AdamW on the embedding, head and biases."""
@@ -92,19 +93,19 @@ def test_utilities_and_norms_match_per_sample_gradients(stacking: str, name: str
 
 @pytest.mark.parametrize("optimizer, sketch", [("sgd", "tensor"), ("muon", "tensor"), ("adamw", "count")])
 @pytest.mark.parametrize("name, tied", [("llama", True), ("gpt2", True), ("qwen2", False)])
-def test_sketch_is_each_weights_count_sketch(stacking: str, name: str, tied: bool, optimizer: str, sketch: str) -> None:
+def test_sketch_is_each_weights_count_sketch(grouping: str, name: str, tied: bool, optimizer: str, sketch: str) -> None:
     """Where the sketch is exact, it is Σ over scored weights of the CountSketch of P G_i under the weight's own hash
     (a tied weight: one hash, the sum of both uses), biases under their own CountSketch. The tensor sketch puts each
     weight in its own block of bins and is exact for SGD and for Muon+AdamW's hidden matrices and biases (a Linear's
     AdamW map is sketched through its rank-1 factorisation, so the embedding and head are left out there); the count
-    sketch materialises P G_i and is exact for every map (AdamW on the tied weight here)."""
+    sketch forms P G_i and is exact for every map (AdamW on the tied weight here)."""
     lit, opt = _trained(name, tied, optimizer)
     batch, resolver = _rows(), OptimizerStepMaps(opt)
     outer = optimizer != "muon"
     engine = GhostEngine(lit.model, include_embedding=outer, include_head=outer, sketch_dim=256, sketch=sketch)
     got = engine.score(lit.per_sample_loss, batch, N_CAND, resolver, seed=3)
     G, names = per_sample_grads(lit.model, batch), {id(p): n for n, p in lit.model.named_parameters()}
-    aliases = {n for tied in shared_weights(engine.layers) for n in tied[1:]}  # a shared weight's later uses
+    aliases = {n for tied in tied_weights(engine.layers) for n in tied[1:]}  # a tied weight's later uses
     owners = [(i, n, m) for i, (n, m) in enumerate(engine.layers) if n not in aliases]
     blocks = dict(zip([n for _, n, _ in owners], sketch_blocks([m.weight.numel() for _, _, m in owners], 256)))
     cpu, want = torch.device("cpu"), torch.zeros(N_CAND, 256)
@@ -133,7 +134,7 @@ def test_a_tied_weight_is_one_parameter(name: str) -> None:
     embedding = "model.embed_tokens" if name == "llama" else "transformer.wte"
     names = [n for n, _ in scored_layers(model, include_head=True)]
     assert embedding in names and "lm_head" in names
-    assert shared_weights(scored_layers(model, include_head=True)) == [(embedding, "lm_head")]
+    assert tied_weights(scored_layers(model, include_head=True)) == [(embedding, "lm_head")]
     assert "lm_head" not in [n for n, _ in scored_layers(model)]  # neither asked for: neither scored
     with pytest.raises(ValueError, match=r"share one weight \(tied\): exclude all of them or none"):
         scored_layers(model, include_embedding=True, include_head=True, exclude=("lm_head",))
@@ -181,7 +182,7 @@ def test_an_unsupported_layer_is_named_with_the_option_that_skips_it() -> None:
         assert any("Norm" in k for k in kinds) and unscorable_layers(model) == []
 
 
-def test_candidate_chunks_keep_the_position_table_shared(stacking: str) -> None:
+def test_candidate_chunks_keep_the_position_table_shared(grouping: str) -> None:
     """Passes of one candidate each see GPT-2's position ids [1, T] as one row: still a shared table; the tied weight's
     map, fixed in the first pass, carries over; the scores are one pass's."""
     lit, opt = _trained("gpt2", True, "adamw")
@@ -199,7 +200,7 @@ def test_candidate_chunks_keep_the_position_table_shared(stacking: str) -> None:
 def test_online_methods_train_through_train_py(tiny_corpus, tmp_path: Path, model: str, method: str, optimizer: str,
                                                head: bool) -> None:
     """Three steps of OPUS and GREATS scoring the hidden layers (the method configs' default), and with the head
-    (with a tied head: the shared weight, both uses)."""
+    (with a tied head: the tied weight, both uses)."""
     args = ["fit", "--config", str(ROOT / "configs/scale/cpu-tiny.yaml"), "--config",
             str(ROOT / f"configs/method/{method}.yaml"), "--model", "models.LitCausalLM",
             "--model.config", str(ROOT / f"configs/model/tiny-{model}.yaml"), "--model.optimizer", optimizer,

@@ -2,7 +2,7 @@
 
 The reference is the real marginal effect of a candidate on one torch.optim step: with ḡ_B the mean
 gradient of a base batch of K rows and g_i a candidate's,
-effect_i = −⟨Δθ(K/(K+1)·ḡ_B + g_i/(K+1)) − Δθ(K/(K+1)·ḡ_B), ḡ_proxy⟩, Δθ(g) the parameter
+effect_i = −⟨Δθ(K/(K+1)·ḡ_B + g_i/(K+1)) − Δθ(K/(K+1)·ḡ_B), ḡ_target⟩, Δθ(g) the parameter
 change of one step of a float64 copy of the optimizer fed gradient g, summed over the parameters
 the engine scores. Torch's Muon iterates Newton–Schulz in bfloat16, whose rounding swamps one
 candidate's share; the reference runs the same coefficients and steps in float64 (checked against
@@ -23,8 +23,8 @@ from scipy.stats import spearmanr
 from torch.optim._muon import _adjust_lr
 
 from bench.studies.utility_ranking import (
-    CFG, K, MUON_LR, MUON_MU, N_PROXY, NS, POOL, TARGET, TRAIN_BATCH, AtBaseBatch, FrozenMaps, RealStep, cat, make_optimizer, ns64,
-    per_sample_grads, probe, relative, train_step, windows,
+    CFG, K, MUON_LR, MUON_MU, N_TARGET, NS, POOL, TARGET, TRAIN_BATCH, AtBaseBatch, FrozenMaps, RealStep, cat,
+    make_optimizer, ns64, per_sample_grads, probe, relative, train_step, windows,
 )
 from selection_callbacks.methods import OPUSSelection
 from selection_callbacks.nn.gpt import GPT
@@ -198,9 +198,9 @@ def test_adamw_map_is_the_derivative_of_torch_step_at_frozen_moments() -> None:
         assert relative(pre.apply(h[k].float()[None])[0].double()[formed], want[formed]) < 1e-4
 
 
-def test_first_step_maps_fall_back_to_the_proxy_gradient() -> None:
-    """Before a layer's first step AdamW's map is Adam's first step on the proxy gradient, lr·ḡ/(|ḡ| + ε) (where
-    ḡ² is above the floor), and Muon's the derivative at the proxy's own update."""
+def test_first_step_maps_fall_back_to_the_target_gradient() -> None:
+    """Before a layer's first step AdamW's map is Adam's first step on the target gradient, lr·ḡ/(|ḡ| + ε) (where
+    ḡ² is above the floor), and Muon's the derivative at the target gradient's own update."""
     model = GPT(CFG)
     gbar = 1e-3 * torch.randn_like(model.blocks[0].mlp.fc.weight)[None]
     adamw = make_optimizer(model, "adamw")
@@ -213,7 +213,7 @@ def test_first_step_maps_fall_back_to_the_proxy_gradient() -> None:
     torch.testing.assert_close(frozen.utility_vector(gbar)[above], want[above])
     muon = make_optimizer(model, "muon")
     pre = OptimizerStepMaps(muon)([weight], gbar)
-    coef = 1 - MUON_MU**2  # no momentum: the derivative at the proxy's own update
+    coef = 1 - MUON_MU**2  # no momentum: the derivative at the target gradient's own update
     want = _adjust_lr(MUON_LR, None, weight.shape) * coef * NS.vjp(coef * gbar, gbar)
     torch.testing.assert_close(pre.utility_vector(gbar), want)
     assert bool(want.isfinite().all()) and float(want.norm()) > 0
@@ -238,7 +238,7 @@ def test_base_batch_reference_differentiates_at_the_point_the_step_orthogonalise
     gradients g_base, from explicit per-sample gradients."""
     model, opt, gen = trained("muon", 3)
     n = 6
-    batch = cat(windows(POOL, n, gen), windows(TARGET, N_PROXY, gen))
+    batch = cat(windows(POOL, n, gen), windows(TARGET, N_TARGET, gen))
     g_base = {name: torch.randn(p.shape, generator=gen) * 1e-2 for name, p in model.named_parameters()}
     got = GhostEngine(model).score(row_losses(model), batch, n, AtBaseBatch(opt, model, g_base))
     G = per_sample_grads(model, batch)

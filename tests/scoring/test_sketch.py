@@ -72,8 +72,8 @@ def test_two_sided_needs_a_square_dimension() -> None:
 
 
 @pytest.mark.parametrize("cls", [TensorSketch, CountSketch, TwoSidedProjection])
-def test_stacked_layers_sketch_to_the_sum_of_their_own_sketches(cls) -> None:
-    """L layers stacked (one kernel per group) = Σ over the layers sketched one by one, each with its own hashes."""
+def test_grouped_layers_sketch_to_the_sum_of_their_own_sketches(cls) -> None:
+    """L layers grouped (one kernel per group) = Σ over the layers sketched one by one, each with its own hashes."""
     b, a = factors(aligned=False, tokens=3)
     b2, a2 = b.flip(0) * 0.5, a.roll(1, 0)
     cpu = torch.device("cpu")
@@ -86,10 +86,10 @@ def test_stacked_layers_sketch_to_the_sum_of_their_own_sketches(cls) -> None:
             return sk(torch.einsum("lnto,lnti->lnoi", bs * sc[:, None, None, :], as_))
         return sk(bs, as_, sc, None)
 
-    stacked = run([3, 5], torch.stack([b, b2]), torch.stack([a, a2]), scale)
+    grouped = run([3, 5], torch.stack([b, b2]), torch.stack([a, a2]), scale)
     one_by_one = run([3], b[None], a[None], scale[:1]) + run([5], b2[None], a2[None], scale[1:])
-    assert float(stacked.norm()) > 0
-    torch.testing.assert_close(stacked, one_by_one, rtol=1e-4, atol=1e-4)
+    assert float(grouped.norm()) > 0
+    torch.testing.assert_close(grouped, one_by_one, rtol=1e-4, atol=1e-4)
 
 
 @pytest.mark.parametrize("block, m, layers, offsets", [(None, 64, [0, 1], None), (16, 64, [0, 2], [0, 32]), (7, 40, [2, 4], [30, 9])])
@@ -120,6 +120,6 @@ def test_tensor_sketch_blocks_must_fit() -> None:
 
 def test_sketch_blocks_split_the_bins_by_layer_size() -> None:
     assert sketch_blocks([300, 100, 100], 10) == [(0, 6), (6, 2), (8, 2)]
-    assert sketch_blocks([64, 64], 33) == [(0, 16), (16, 16)]  # same-sized layers get equal blocks (stackable)
+    assert sketch_blocks([64, 64], 33) == [(0, 16), (16, 16)]  # same-sized layers get equal blocks (groupable)
     with pytest.raises(ValueError, match="no bin of its own"):
         sketch_blocks([1000, 1], 50)

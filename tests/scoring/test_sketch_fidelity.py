@@ -1,7 +1,7 @@
 """Sketches late in training: the engine's sketch of P G_i against the exact preconditioned Gram.
 
 The state: the tiny GPT of ``test_opus_maps`` (output head scored) trained 300 steps under torch's
-AdamW (β₂ = 0.95). The reference is the exact-chunked CountSketch of the materialised P G_i; the
+AdamW (β₂ = 0.95). The reference is the exact-chunked CountSketch of the formed P G_i; the
 error of a sketch on candidates i < j is e_ij = (⟨S_i, S_j⟩ − ⟨P G_i, P G_j⟩) / (‖P G_i‖‖P G_j‖).
 """
 

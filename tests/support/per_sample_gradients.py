@@ -26,8 +26,8 @@ def per_sample_grads(model: nn.Module, batch: dict[str, torch.Tensor]) -> dict[s
 def brute_force(
     model: nn.Module, G: dict[str, torch.Tensor], resolver: Callable, layers: list[tuple[str, nn.Module]], n_cand: int
 ) -> tuple[dict[str, torch.Tensor], torch.Tensor]:
-    """Per scored weight (a shared one once, under its first layer): u_i = Σ_params ⟨G_i, −Jᵀḡ⟩ over the layer's
-    weight and bias, from the per-sample gradients ``G`` of ``n_cand`` candidate rows then the proxy rows (ḡ their
+    """Per scored weight (a tied one once, under its first layer): u_i = Σ_params ⟨G_i, −Jᵀḡ⟩ over the layer's
+    weight and bias, from the per-sample gradients ``G`` of ``n_cand`` candidate rows then the target rows (ḡ their
     mean); and Σ ‖P G_i‖² over every scored parameter. ``resolver``: the step maps, ``resolver([p], ḡ)`` → P."""
     names = {id(p): n for n, p in model.named_parameters()}
     utilities, sq, seen = {}, torch.zeros(n_cand), set()

@@ -1,15 +1,15 @@
-"""``GhostSelection``: the shared plumbing of the ghost-gradient methods (OPUS, GREATS).
+"""``GhostSelection``: the common plumbing of the ghost-gradient methods (OPUS, GREATS).
 
-Per micro-batch: cut a seeded ``score_len`` window from each candidate, draw a fresh proxy batch
-(windows of the target split, or of a user proxy file), run one ghost forward/backward over
-[candidate windows ++ proxy windows] on the unwrapped module, and hand the utilities and
+Per micro-batch: cut a seeded ``score_len`` window from each candidate, draw a fresh target batch
+(windows of the target split, or of a user target file), run one ghost forward/backward over
+[candidate windows ++ target windows] on the unwrapped module, and hand the utilities and
 sketches (as ``features``) to the method's :meth:`calibrate`, which runs on the gathered
 global superbatch under DDP. Under a compiled learner the scoring forward runs the learner's eager
 modules (:func:`~selection_callbacks.scoring.ghost.eager.eager`: the capture's per-layer hooks do not
 fire inside a compiled graph) while the training step stays compiled; under activation checkpointing
 the capture ignores the backward's recomputation
 (:class:`~selection_callbacks.scoring.ghost.capture.HookCapture`). At fit start one capture pass over the
-first proxy rows, scoring nothing, checks that every scored layer is captured: a layer that does not run in
+first target rows, scoring nothing, checks that every scored layer is captured: a layer that does not run in
 the loss's forward, or whose output does not reach the loss, is refused by name before the first step.
 Every ``diagnostics_every`` selections it also measures how much the scores can be trusted: the split-half reliability of the utilities
 (:mod:`selection_callbacks.scoring.reliability`) and the sketch's real error on a few candidates.
@@ -40,7 +40,7 @@ from selection_callbacks.nn.heads import vocabulary_size
 from selection_callbacks.scoring.ghost.eager import compiled_modules, eager
 from selection_callbacks.scoring.ghost.engine import FACTOR_TOLERANCE, GhostEngine, GhostScores, check_precision
 from selection_callbacks.scoring.maps.base import StepMaps
-from selection_callbacks.scoring.ghost.layers import scored_layers, shared_weights, unscorable_layers
+from selection_callbacks.scoring.ghost.layers import scored_layers, tied_weights, unscorable_layers
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.reliability import split_half_reliability
 from selection_callbacks.scoring.windows import score_windows
@@ -59,7 +59,7 @@ def excluded_layers(
     keep = {n for n in names if any(fnmatch.fnmatchcase(n, p) for p in patterns)}
     if not keep:
         raise ValueError(f"layers={patterns} match none of the scorable layers: {names}")
-    keep |= {n for tied in shared_weights(layers) if keep & set(tied) for n in tied}
+    keep |= {n for tied in tied_weights(layers) if keep & set(tied) for n in tied}
     return tuple(n for n in names if n not in keep) + tuple(
         n for n in unscorable if not any(fnmatch.fnmatchcase(n, p) for p in patterns))
 
@@ -90,8 +90,9 @@ class GhostSelection(SelectionCallback):
         ratio: kept fraction ρ = K/N.
         score_len: tokens scored per candidate (a seeded random window).
         sketch_dim: m of the redundancy sketches (0: no interaction term).
-        proxy_batch_size: proxy sequences drawn per micro-batch.
-        proxy: a proxy file (jsonl/parquet/text); default: the datamodule's target split.
+        target_batch_size: target sequences drawn per micro-batch.
+        target_file: a file of target rows (jsonl/parquet/text, or a .bin of pre-tokenized ids); default: the
+            datamodule's target split.
         include_embedding: also score the token embedding: set it when what a candidate teaches the
             embedding rows should count (V rows wide, so scoring costs more).
         include_head: also score the output head (the same trade as ``include_embedding``).
@@ -102,9 +103,9 @@ class GhostSelection(SelectionCallback):
             embedding are kept together when a pattern names either.
         sketch: ``"tensor"``, ``"count"`` or ``"two_sided"`` (see :class:`GhostEngine`): ``"count"`` is the exact
             reference sketch, for measuring the default's error; it forms every P G_i and costs more.
-        candidate_chunk: score candidates in passes of at most this many rows (the proxy rows ride
+        candidate_chunk: score candidates in passes of at most this many rows (the target rows ride
             with the first): activation memory flat in N (None: one pass over all rows, fastest).
-        stack_layers: score same-shaped layers of one optimizer group as one stack (see :class:`GhostEngine`;
+        group_layers: score same-shaped layers of one optimizer group as one layer group (see :class:`GhostEngine`;
             None: the engine's default); False scores them one at a time, for less peak memory.
         factor_tolerance: AdamW layers are tensor-sketched through their rescaled rank-1 factors only where the
             factorisation's relative error ρ is at most this (0: P G_i always formed, an exact sketch of each
@@ -112,15 +113,15 @@ class GhostSelection(SelectionCallback):
         sketch_check: candidates whose exact P G_i are formed to measure the sketch's real error
             (``select/sketch_error``, ``select/sketch_norm_bias``) on diagnostic selections (0 or fewer than 2: never,
             to spend nothing on the check).
-        reliability: on diagnostic selections, also score the candidates against each half of the proxy
+        reliability: on diagnostic selections, also score the candidates against each half of the target
             rows (two sketch-free passes) and log the Spearman of the two rankings,
             ``select/utility_split_half`` (:mod:`selection_callbacks.scoring.reliability`; needs
-            ``proxy_batch_size`` ≥ 2). Near 0 the utilities rank candidates at random in this run. False skips
+            ``target_batch_size`` ≥ 2). Near 0 the utilities rank candidates at random in this run. False skips
             the two extra passes.
         diagnostics_every: selections between diagnostic ones (the first included). The diagnostics
             never change a selection; :meth:`summary` holds their history (``diagnostics``).
         temperature: τ of the sequential draws (0: greedy).
-        seed: selection seed (windows, proxy draws, sampling).
+        seed: selection seed (windows, target draws, sampling).
         k: keep exactly this many instead of ratio·N.
         nonfinite: see :class:`SelectionCallback`.
         **fit_options: the base's fit options (``per_sample_keys``, ``whole_batch_keys``, ``strict_resume``,
@@ -134,14 +135,14 @@ class GhostSelection(SelectionCallback):
         ratio: float = 0.5,
         score_len: int = 16,
         sketch_dim: int = 512,
-        proxy_batch_size: int = 8,
-        proxy: str | None = None,
+        target_batch_size: int = 8,
+        target_file: str | None = None,
         include_embedding: bool = False,
         include_head: bool = False,
         layers: list[str] | None = None,
         sketch: str = "tensor",
         candidate_chunk: int | None = None,
-        stack_layers: bool | None = None,
+        group_layers: bool | None = None,
         factor_tolerance: float = FACTOR_TOLERANCE,
         sketch_check: int = 8,
         reliability: bool = True,
@@ -154,13 +155,14 @@ class GhostSelection(SelectionCallback):
     ) -> None:
         super().__init__(ratio=ratio, k=k, sampling="boltzmann", temperature=temperature, seed=seed, nonfinite=nonfinite,
                          diagnostics_every=diagnostics_every, **fit_options)
-        if proxy_batch_size < 1:
-            raise ValueError(f"proxy_batch_size must be ≥ 1, got {proxy_batch_size}")
-        if reliability and proxy_batch_size < 2:
-            raise ValueError(f"reliability=True splits the proxy rows in two halves: proxy_batch_size must be ≥ 2, "
-                             f"got {proxy_batch_size} (or pass reliability=False)")
-        self.score_len, self.sketch_dim, self.proxy_batch_size = score_len, sketch_dim, proxy_batch_size
-        self.proxy_path, self.sketch, self.candidate_chunk, self.stack_layers = proxy, sketch, candidate_chunk, stack_layers
+        if target_batch_size < 1:
+            raise ValueError(f"target_batch_size must be ≥ 1, got {target_batch_size}")
+        if reliability and target_batch_size < 2:
+            raise ValueError(f"reliability=True splits the target rows in two halves: target_batch_size must be ≥ 2, "
+                             f"got {target_batch_size} (or pass reliability=False)")
+        self.score_len, self.sketch_dim, self.target_batch_size = score_len, sketch_dim, target_batch_size
+        self.target_file, self.sketch, self.candidate_chunk = target_file, sketch, candidate_chunk
+        self.group_layers = group_layers
         self.factor_tolerance, self.sketch_check, self.reliability = factor_tolerance, sketch_check, reliability
         self.diagnostics: list[dict[str, float]] = []  # one entry per diagnostic selection
         self.include_embedding, self.include_head = include_embedding, include_head
@@ -169,7 +171,7 @@ class GhostSelection(SelectionCallback):
         self.layers = list(layers) if layers is not None else None
         self.engine: GhostEngine | None = None
         self._halves_engine: GhostEngine | None = None
-        self._proxy_split: PackedSplit | None = None
+        self._target_file_split: PackedSplit | None = None
         self._last: GhostScores | None = None
         self._check: dict[str, float] | None = None  # this selection's diagnostics, if it was a diagnostic one
 
@@ -181,15 +183,15 @@ class GhostSelection(SelectionCallback):
         exclude = excluded_layers(module, self.include_embedding, self.include_head, self.layers)
         self.engine = GhostEngine(
             module, self.include_embedding, self.include_head, self.sketch_dim, self.sketch,  # type: ignore[arg-type]
-            exclude=exclude, candidate_chunk=self.candidate_chunk, stack_layers=self.stack_layers,
+            exclude=exclude, candidate_chunk=self.candidate_chunk, group_layers=self.group_layers,
             factor_tolerance=self.factor_tolerance,
         )
         if self.reliability:  # the split halves read only utilities
             self._halves_engine = GhostEngine(module, self.include_embedding, self.include_head, exclude=exclude,
-                                              candidate_chunk=self.candidate_chunk, stack_layers=self.stack_layers)
-        if self.proxy_path is not None:
-            self._proxy_split = self._load_proxy(getattr(trainer, "datamodule", None))
-            check_vocabulary(self._proxy_split, module, f"proxy={self.proxy_path}")
+                                              candidate_chunk=self.candidate_chunk, group_layers=self.group_layers)
+        if self.target_file is not None:
+            self._target_file_split = self._load_target_file(getattr(trainer, "datamodule", None))
+            check_vocabulary(self._target_file_split, module, f"target_file={self.target_file}")
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
@@ -208,9 +210,9 @@ class GhostSelection(SelectionCallback):
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
         who = type(self).__name__
         problems = needs_per_sample_loss(pl_module, who)
-        if self.proxy_path is None:
-            problems += needs_target_batch(getattr(trainer, "datamodule", None), who, "draws its proxy rows from the "
-                                           "target split", "pass proxy=FILE")
+        if self.target_file is None:
+            problems += needs_target_batch(getattr(trainer, "datamodule", None), who, "draws its target rows from the "
+                                           "target split", "pass target_file=FILE")
         missing = unoptimized_parameters(self.engine, trainer.optimizers[0]) if self.engine and trainer.optimizers else []
         if missing:
             problems.append(
@@ -223,47 +225,52 @@ class GhostSelection(SelectionCallback):
 
     def _capture_problems(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
         """What keeps the engine from capturing every scored layer of the learner's wiring, found by one capture pass
-        (no scoring) over the first selection's proxy rows on the eager modules, under the Trainer's precision; the
+        (no scoring) over the first selection's target rows on the eager modules, under the Trainer's precision; the
         global RNGs (torch, numpy, Python) are restored after the draw and the pass, so the run's dropout, target rows
         and selections do not move."""
         with isolate_rng():
-            rows = self._proxy_rows(trainer, 0, pl_module.device)
+            rows = self._target_batch(trainer, 0, pl_module.device)
             with trainer.precision_plugin.train_step_context():
                 return self.engine.capture_problems(lambda b: _eager_loss(pl_module, b), rows)
 
-    def _load_proxy(self, dm: object) -> PackedSplit:
-        """The proxy file packed in score_len windows with the training data's own tokenizer.
+    def _load_target_file(self, dm: object) -> PackedSplit:
+        """The target file packed in score_len windows with the training data's own tokenizer.
 
-        A text proxy needs that tokenizer (the datamodule's ``tokenizer``): encoded any other way
+        A text target file needs that tokenizer (the datamodule's ``tokenizer``): encoded any other way
         its ids would mean other tokens than the model learned, so its absence is an error.
         """
         cache = str(getattr(dm, "cache_dir", None) or default_cache_dir())
         if getattr(dm, "pretokenized", False):
-            if not str(self.proxy_path).endswith(".bin"):
-                raise ValueError("the training data is pre-tokenized (.bin): the proxy file must be a .bin of the same ids")
-            return load_token_bin(self.proxy_path, self.score_len, cache, dm.eot_id, name="proxy")
+            if not str(self.target_file).endswith(".bin"):
+                raise ValueError("the training data is pre-tokenized (.bin): the target file must be a .bin of the "
+                                 "same ids")
+            return load_token_bin(self.target_file, self.score_len, cache, dm.eot_id, name="target file")
         tokenizer = getattr(dm, "tokenizer", None)
         if tokenizer is None:
             raise ValueError(
-                f"proxy={self.proxy_path!r} is text and the datamodule ({type(dm).__name__}) has no `tokenizer` to encode "
-                "it as the training data is encoded: give the datamodule a `tokenizer` attribute with "
-                "encode_document(text) -> ids (ByteTokenizer for a byte-level model), or pass a pre-tokenized .bin proxy"
+                f"target_file={self.target_file!r} is text and the datamodule ({type(dm).__name__}) has no `tokenizer` "
+                "to encode it as the training data is encoded: give the datamodule a `tokenizer` attribute with "
+                "encode_document(text) -> ids (ByteTokenizer for a byte-level model), or pass a pre-tokenized .bin "
+                "target file"
             )
-        return pack_source(self.proxy_path, self.score_len, cache, tokenizer, name="proxy", progress=False)
+        return pack_source(self.target_file, self.score_len, cache, tokenizer, name="target file", progress=False)
 
-    def _proxy_rows(self, trainer: L.Trainer, batch_idx: int, device: torch.device) -> dict[str, torch.Tensor]:
+    def _target_batch(self, trainer: L.Trainer, batch_idx: int, device: torch.device) -> dict[str, torch.Tensor]:
+        """The micro-batch's target rows: ``target_batch_size`` rows of the target file or split, each cut to a
+        seeded ``score_len`` window. The seed labels ``"proxy"`` and ``"proxy-window"`` fix the draws: changing them
+        would move every selection."""
         rng = np.random.default_rng(derived_seed(self.seed, trainer.current_epoch, batch_idx, "proxy"))
-        if self._proxy_split is not None:
-            split = self._proxy_split
-            rows = split.batch(rng.choice(len(split), min(self.proxy_batch_size, len(split)), replace=False))
+        if self._target_file_split is not None:
+            split = self._target_file_split
+            rows = split.batch(rng.choice(len(split), min(self.target_batch_size, len(split)), replace=False))
         else:
             dm = getattr(trainer, "datamodule", None)
             if not hasattr(dm, "target_batch"):
                 raise ValueError(
-                    f"{type(self).__name__} needs proxy sequences: pass proxy=FILE or use a datamodule with "
+                    f"{type(self).__name__} needs target sequences: pass target_file=FILE or use a datamodule with "
                     "target_batch(n, rng) (PoolDataModule reads --data.target)"
                 )
-            rows = dm.target_batch(self.proxy_batch_size, rng)
+            rows = dm.target_batch(self.target_batch_size, rng)
         gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "proxy-window")
         return {k: v.to(device) for k, v in score_windows(rows, self.score_len, gen).items()}
 
@@ -276,18 +283,18 @@ class GhostSelection(SelectionCallback):
         n, k = batch["input_ids"].shape[0], self.keep(batch["input_ids"].shape[0])
         gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
         cand = score_windows(batch, self.score_len, gen, trainer.global_rank, trainer.world_size)
-        proxy = self._proxy_rows(trainer, batch_idx, cand["input_ids"].device)
-        if ("labels" in cand) != ("labels" in proxy):
-            raise ValueError("candidate and proxy batches must both carry 'labels' or both not")
-        if proxy["input_ids"].shape[1] != cand["input_ids"].shape[1]:
+        target = self._target_batch(trainer, batch_idx, cand["input_ids"].device)
+        if ("labels" in cand) != ("labels" in target):
+            raise ValueError("candidate and target batches must both carry 'labels' or both not")
+        if target["input_ids"].shape[1] != cand["input_ids"].shape[1]:
             raise ValueError(
-                f"proxy windows have {proxy['input_ids'].shape[1]} tokens, candidates {cand['input_ids'].shape[1]}; "
-                f"proxy sequences must be at least score_len={self.score_len} long"
+                f"target windows have {target['input_ids'].shape[1]} tokens, candidates {cand['input_ids'].shape[1]}; "
+                f"target sequences must be at least score_len={self.score_len} long"
             )
-        if "loss_mask" in cand or "loss_mask" in proxy:  # masked tokens stay out of the scores
-            for part in (cand, proxy):
+        if "loss_mask" in cand or "loss_mask" in target:  # masked tokens stay out of the scores
+            for part in (cand, target):
                 part.setdefault("loss_mask", torch.ones_like(part["input_ids"], dtype=torch.float32))
-        rows = {key: torch.cat([cand[key], proxy[key].to(cand[key].dtype)]) for key in cand}
+        rows = {key: torch.cat([cand[key], target[key].to(cand[key].dtype)]) for key in cand}
         if self.engine is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not run: add the callback to the Trainer")
         diagnose = self.diagnostic_call()
@@ -333,7 +340,7 @@ class GhostSelection(SelectionCallback):
         if self._last is None:
             return {}
         out = {"select/utility_raw_std": float(self._last.utilities.std()) if self._last.utilities.numel() > 1 else 0.0,
-               "select/proxy_loss": float(self._last.losses[self._last.utilities.shape[0]:].mean())}
+               "select/target_loss": float(self._last.losses[self._last.utilities.shape[0]:].mean())}
         if self._last.relative_factor_error:  # AdamW layers: the rank-1 map's ρ, and how many sketches used it
             out["select/factor_rho"] = float(torch.stack(list(self._last.relative_factor_error.values())).mean())
             out["select/factored_layers"] = float(len(self._last.factored))
@@ -392,15 +399,15 @@ def _scores_of(ghost: GhostScores, n: int, who: str) -> Scores:
 
     A NaN or inf loss has no meaningful gradient, whatever number its utility came out as, so the
     base class's ``nonfinite`` policy decides (an error naming the samples, or ranked lowest and
-    counted in ``select/nonfinite``). A non-finite proxy loss poisons the proxy direction of every
+    counted in ``select/nonfinite``). A non-finite target loss poisons the target direction of every
     candidate and is always an error.
     """
     losses = ghost.losses
     if not torch.isfinite(losses[n:]).all():
         bad = (~torch.isfinite(losses[n:])).nonzero().flatten().tolist()
         raise FloatingPointError(
-            f"{who}: {len(bad)} proxy row(s) have a non-finite loss (rows {bad[:8]} of the proxy batch); every "
-            "utility depends on the proxy gradient: check the model on the proxy/target data"
+            f"{who}: {len(bad)} target row(s) have a non-finite loss (rows {bad[:8]} of the target batch); every "
+            "utility depends on the target gradient: check the model on the target data"
         )
     utilities = torch.where(torch.isfinite(losses[:n]), ghost.utilities.float(), torch.full_like(ghost.utilities.float(), float("nan")))
     return Scores(utilities, features=None if ghost.sketches is None else ghost.sketches.float())

@@ -1,4 +1,4 @@
-"""``ProxySelection``: the shared plumbing of the methods that score with models next to the learner.
+"""``ProxySelection``: the common plumbing of the methods that score with models next to the learner.
 
 ClassAct and RHO-LOSS score s(z) = ℓ_online(z) − ℓ_reference(z). This base runs their frozen
 reference's whole lifecycle (:class:`~selection_callbacks.scoring.reference.Reference`): it reads a
@@ -12,7 +12,6 @@ of the step time.
 from __future__ import annotations
 
 import time
-from collections.abc import MutableMapping
 from typing import Any, Literal
 
 import lightning as L
@@ -25,7 +24,6 @@ from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.callbacks.protocols import needs_proxy_builder, needs_target_batch, wrapped_causal_lm
 from selection_callbacks.nn.flops import matmul_flops_per_token
 from selection_callbacks.nn.gpt import GPTConfig
-from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.proxy_models import (
     Proxy,
     causal_lm_proxy_config,
@@ -41,11 +39,11 @@ from selection_callbacks.scoring.reference import Reference
 class ProxySelection(SelectionCallback):
     """Base of the proxy-model selection callbacks (:class:`ClassActSelection`, :class:`RhoLossSelection`).
 
-    A subclass scores with :meth:`learner_losses`, ``self.reference.losses`` (its frozen reference, ready
-    before :meth:`score` runs) and ``self.proxies[name].losses`` (the models it adds in
-    :meth:`create_proxies` with :meth:`add_proxy`). A proxy is ``proxy_layers`` × ``proxy_width`` of the
-    learner's architecture (:meth:`proxy_config`) with initial weights drawn from (seed, purpose) alone,
-    or what an overridden :meth:`build_proxy` returns.
+    A subclass scores with :func:`~selection_callbacks.scoring.losses.learner_losses` (the learner's),
+    ``self.reference.losses`` (its frozen reference, ready before :meth:`score` runs) and
+    ``self.proxies[name].losses`` (the models it adds in :meth:`create_proxies` with :meth:`add_proxy`). A proxy
+    is ``proxy_layers`` × ``proxy_width`` of the learner's architecture (:meth:`proxy_config`) with initial
+    weights drawn from (seed, purpose) alone, or what an overridden :meth:`build_proxy` returns.
 
     The reference (``self.reference``, a :class:`Reference`; None when a subclass scores without one) is
     ``reference`` as given, trained (an ``nn.Module``, a Hugging Face model folder or a ``LitGPT`` /
@@ -212,12 +210,6 @@ class ProxySelection(SelectionCallback):
         with trainer.precision_plugin.train_step_context(), torch.enable_grad():
             self.reference.make_ready(getattr(trainer, "datamodule", None), self.seed)
         self.overhead_seconds += time.perf_counter() - start
-
-    def learner_losses(self, pl_module: L.LightningModule, batch: MutableMapping) -> torch.Tensor:
-        """[N] the learner's per-sample losses (one counted forward)."""
-        out = per_sample_loss(pl_module, batch)
-        self.meter.add("learner", "fwd", batch["input_ids"].numel())
-        return out
 
     # ---- hooks ----
     @override

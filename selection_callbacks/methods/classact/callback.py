@@ -13,6 +13,7 @@ from typing_extensions import override
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss
 from selection_callbacks.methods.bases.proxy import ProxySelection
+from selection_callbacks.scoring.losses import learner_losses
 
 
 class ClassActSelection(ProxySelection):
@@ -143,7 +144,7 @@ class ClassActSelection(ProxySelection):
         if self.online == "proxy":
             online = self.proxies["online"].losses(batch)
         else:
-            online = self.learner_losses(pl_module, batch)
+            online = learner_losses(pl_module, batch, self.meter)
         if self.reference is not None:  # the paper variant's frozen reference
             reference = self.reference.losses(batch)
         else:  # the report variant's reference proxy, trained on every micro-batch

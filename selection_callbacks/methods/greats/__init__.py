@@ -1,4 +1,7 @@
-"""GREATS: greedy selection by a one-step Taylor estimate of the proxy-loss decrease, SGD geometry. The callback is in ``callback``; its card, ``README.md``, beside it."""
+"""GREATS: greedy selection by a one-step Taylor estimate of the target-loss decrease, SGD geometry.
+
+The callback is in ``callback``; its card, ``README.md``, beside it.
+"""
 
 from selection_callbacks.methods.greats.callback import GreatsSelection
 

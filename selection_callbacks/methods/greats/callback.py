@@ -1,4 +1,4 @@
-"""GREATS: greedy selection by a one-step Taylor estimate of the proxy-loss decrease, SGD geometry."""
+"""GREATS: greedy selection by a one-step Taylor estimate of the target-loss decrease, SGD geometry."""
 
 from __future__ import annotations
 
@@ -14,7 +14,7 @@ from selection_callbacks.scoring.maps.step_maps import SGDStepMaps
 
 
 class GreatsSelection(GhostSelection):
-    """Greedy u_i = η⟨g_i, ḡ_proxy⟩ − η² Σ_{j∈S} ⟨g_i, g_j⟩ with η = lr/(W·K·A), per parameter group: one row's
+    """Greedy u_i = η⟨g_i, ḡ_target⟩ − η² Σ_{j∈S} ⟨g_i, g_j⟩ with η = lr/(W·K·A), per parameter group: one row's
     weight in the step, whose gradient is the mean over the K kept rows of each of the W DDP ranks (DDP
     averages the ranks' gradients) and A accumulated micro-batches, so row i moves the weights by −η·g_i.
 
@@ -28,7 +28,7 @@ class GreatsSelection(GhostSelection):
     Args:
         ratio: kept fraction ρ = K/N.
         **kwargs: :class:`GhostSelection` arguments (``score_len``, ``sketch_dim`` (0: no interaction
-            term), ``proxy_batch_size``, ``proxy``, ``include_embedding``, ``include_head``, ``layers``,
+            term), ``target_batch_size``, ``target_file``, ``include_embedding``, ``include_head``, ``layers``,
             ``sketch``, ``candidate_chunk``, ``seed``, ``k``, ``nonfinite``); the draws are greedy.
     """
 

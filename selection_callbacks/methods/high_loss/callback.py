@@ -11,7 +11,7 @@ from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss
-from selection_callbacks.scoring.losses import per_sample_loss
+from selection_callbacks.scoring.losses import learner_losses
 
 
 class HighLossSelection(SelectionCallback):
@@ -39,5 +39,4 @@ class HighLossSelection(SelectionCallback):
 
     @override
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:
-        self.meter.add("learner", "fwd", batch["input_ids"].numel())
-        return per_sample_loss(pl_module, batch)
+        return learner_losses(pl_module, batch, self.meter)

@@ -15,9 +15,9 @@ from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 
 
 class OPUSSelection(GhostSelection):
-    """Select by alignment of each candidate's optimizer-induced update with a proxy direction.
+    """Select by alignment of each candidate's optimizer-induced update with a target direction.
 
-    Utility u_i = Σ_l ⟨G_i, −J_lᵀ ḡ_proxy⟩, the first-order decrease of the proxy loss through the
+    Utility u_i = Σ_l ⟨G_i, −J_lᵀ ḡ_target⟩, the first-order decrease of the target loss through the
     live optimizer's next step, J_l its derivative in the fresh gradient (AdamW at frozen moments,
     Muon through the exact vector–Jacobian product of its Newton–Schulz iteration at the momentum, or both,
     auto-detected; SGD gives GREATS' geometry), and redundancy I_ij ∝ ⟨P G_i, P G_j⟩/K from
@@ -42,7 +42,7 @@ class OPUSSelection(GhostSelection):
         redundancy_weight: γ (0: no interaction term, and no sketches are built since nothing reads them).
             ``sketch_dim=0`` also turns the term off: there are no sketches to build it from.
         **kwargs: :class:`GhostSelection` arguments (``score_len``, ``sketch_dim``,
-            ``proxy_batch_size``, ``proxy``, ``include_embedding``, ``seed``, ...).
+            ``target_batch_size``, ``target_file``, ``include_embedding``, ``seed``, ...).
     """
 
     def __init__(self, ratio: float = 0.5, temperature: float = 0.25, redundancy_weight: float = 1.0, **kwargs: Any) -> None:

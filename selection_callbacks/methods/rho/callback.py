@@ -21,6 +21,7 @@ from typing_extensions import override
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss
 from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.methods.bases.proxy import ProxySelection
+from selection_callbacks.scoring.losses import learner_losses
 from selection_callbacks.scoring.reference_losses import ReferenceLossTable
 from selection_callbacks.scoring.windows import score_windows
 
@@ -152,7 +153,7 @@ class RhoLossSelection(ProxySelection):
         if self.score_len is not None:  # both models see the same window of each candidate
             gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
             batch = score_windows(batch, self.score_len, gen, trainer.global_rank, trainer.world_size)
-        learner = self.learner_losses(pl_module, batch).float()
+        learner = learner_losses(pl_module, batch, self.meter).float()
         if self.table is not None:
             if not isinstance(batch.get("sample_id"), torch.Tensor):
                 raise ValueError("reference_losses are looked up by sample_id: the superbatch carries none")

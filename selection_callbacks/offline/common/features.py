@@ -330,8 +330,8 @@ def kmeans(x: np.ndarray, k: int, seed: int, iters: int = 50) -> np.ndarray:
     return labels.astype(np.int64)
 
 
-def standardise(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """z = (x − mean) / std per column (std 0 → 1); NaN entries become 0 (the column mean). Returns z, mean, std."""
+def standardised_columns(x: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """(z, mean, std) per column: z = (x − mean) / std (std 0 → 1); NaN entries become 0 (the column mean)."""
     mean = np.nanmean(x, axis=0)
     std = np.nanstd(x, axis=0)
     std = np.where(np.isfinite(std) & (std > 0), std, 1.0)

@@ -17,11 +17,11 @@ import numpy as np
 
 from selection_callbacks.offline.common.features import FeatureBank
 
-__all__ = ["BANK_QUALITY", "bank_quality", "heuristic_quality", "standardise", "text_heuristics"]
+__all__ = ["BANK_QUALITY", "bank_quality", "heuristic_quality", "text_heuristics", "zscores"]
 
 
-def standardise(x: np.ndarray) -> np.ndarray:
-    """(x − mean)/std, zeros when x is constant."""
+def zscores(x: np.ndarray) -> np.ndarray:
+    """(x − mean)/std of the whole array, zeros when x is constant."""
     x = np.asarray(x, dtype=np.float64)
     sd = x.std()
     return (x - x.mean()) / sd if sd > 0 else np.zeros_like(x)
@@ -34,7 +34,7 @@ BANK_QUALITY = (("dsir", 1.0), ("grad_align", 1.0), ("distinct_3", 1.0), ("non_a
 
 def _mean_z(columns: list[np.ndarray]) -> np.ndarray:
     """Mean of the columns' z-scores, each clipped to ±3 (NaN counts as the column mean)."""
-    return np.mean([np.clip(standardise(np.nan_to_num(c, nan=float(np.nanmean(c)))), -3, 3) for c in columns], axis=0)
+    return np.mean([np.clip(zscores(np.nan_to_num(c, nan=float(np.nanmean(c)))), -3, 3) for c in columns], axis=0)
 
 
 def bank_quality(bank: FeatureBank) -> np.ndarray:

@@ -38,7 +38,7 @@ from selection_callbacks.core.sampling import gumbel_noise
 from selection_callbacks.offline.common.corpus import Budget, Corpus, Selection
 from selection_callbacks.offline.common.embeddings import make_embedder
 from selection_callbacks.offline.common.features import FeatureConfig, feature_bank
-from selection_callbacks.offline.common.quality import bank_quality, heuristic_quality, standardise
+from selection_callbacks.offline.common.quality import bank_quality, heuristic_quality, zscores
 
 __all__ = [
     "DIVERSITIES", "DatamaskConfig", "DatamaskResult", "datamask", "gumbel_top_s",
@@ -308,7 +308,7 @@ def _plan_chunks(
     n = quality.shape[0]
     keep = max(budget, n - int(prune * n))
     candidates = np.sort(np.argsort(-quality, kind="stable")[:keep])
-    z = standardise(quality[candidates])
+    z = zscores(quality[candidates])
     if keep > chunk_size:
         parts = np.array_split(rng.permutation(keep), -(-keep // chunk_size))
     else:

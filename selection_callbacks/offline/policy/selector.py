@@ -31,7 +31,7 @@ from tqdm.auto import tqdm
 
 from selection_callbacks.core.sampling import gumbel_order
 from selection_callbacks.offline.common.corpus import Budget, Corpus, Selection
-from selection_callbacks.offline.common.features import FeatureConfig, feature_bank, standardise
+from selection_callbacks.offline.common.features import FeatureConfig, feature_bank, standardised_columns
 from selection_callbacks.offline.common.proxy_reward import ProxyReward
 from selection_callbacks.offline.common.proxy_train import ProxyConfig
 
@@ -148,7 +148,7 @@ def select_policy(
     if cfg.noise_repeats == 1 or cfg.noise_repeats < 0:
         raise ValueError(f"noise_repeats must be 0 (skip) or ≥ 2 (a std needs two rollouts), got {cfg.noise_repeats}")
     bank = feature_bank(pool, target, cfg.bank, progress=progress)
-    z, mean, std = standardise(bank.matrix(cfg.features))
+    z, mean, std = standardised_columns(bank.matrix(cfg.features))
     with ProxyReward(pool, target, cfg.rollout_proxy, cfg.rollout_tokens, cfg.reward_windows, cfg.workers) as reward:
         result = learn_policy(
             z, pool.n_tokens, budget, reward, seed, cfg.group_size, cfg.rounds, cfg.lr, progress=progress

@@ -1,6 +1,6 @@
 """The ghost-gradient engine, in pieces.
 
-``engine`` (``GhostEngine``: the scoring call, its passes, the grouping of layers into stacks, the sketchers),
+``engine`` (``GhostEngine``: the scoring call, its passes, its layer groups, the sketchers),
 ``capture`` (the ``Capture`` contract, how a pass obtains each layer's inputs and output gradients, and
 ``HookCapture``, by hooks on the eager module), ``roots`` (the tensors its backward differentiates to, so that it
 runs through every scored layer whatever the blocks' wiring), ``layers`` (which layers are scored, which share a weight),

@@ -27,7 +27,7 @@ if TYPE_CHECKING:
 
 @register_scorer(nn.Embedding)
 def score_embedding(engine: GhostEngine, names: tuple[str, ...], state: PassState) -> None:
-    """The scores of one table (``names`` holds one name: embeddings are not stacked)."""
+    """The scores of one table (``names`` holds one name: embeddings are not grouped)."""
     (name,) = names
     module = engine.module(name)
     x, g = state.inputs.pop(name), state.grads.pop(name)
@@ -37,7 +37,7 @@ def score_embedding(engine: GhostEngine, names: tuple[str, ...], state: PassStat
     fixed = state.fixed.get((name,))
     if fixed is None:
         gbar = torch.zeros(V, d, device=B.device).index_add_(0, ids[N:].reshape(-1), B[N:].reshape(-1, d))
-        gbar /= state.proxy_rows()
+        gbar /= state.target_rows()
         P = elementwise(name, state.step_maps([engine.parameter(name)], gbar[None]))
         fixed = state.fixed[(name,)] = FixedMaps(P, P.utility_vector(gbar[None])[0])
     if N == 0:

@@ -1,17 +1,17 @@
 """The ghost-gradient engine: per-sample gradient geometry from one forward/backward, no per-sample gradients.
 
-One forward over R = N candidate rows ++ P proxy rows and one backward capture each scored layer's inputs a
+One forward over R = N candidate rows ++ P target rows and one backward capture each scored layer's inputs a
 and output gradients b (:mod:`~selection_callbacks.scoring.ghost.capture`); no parameter ``.grad`` is read or
 written (gradient accumulation and DDP buckets are untouched). Layers are scored inside the backward, as soon
 as their output gradients arrive, by the scorer registered for their type
-(:mod:`~selection_callbacks.scoring.ghost.scorers`: linear layers, embeddings, a weight shared by several
-layers). With ``candidate_chunk`` the proxy rows ride with the first chunk of candidates (fixing each
+(:mod:`~selection_callbacks.scoring.ghost.scorers`: linear layers, embeddings, a weight tied across several
+layers). With ``candidate_chunk`` the target rows ride with the first chunk of candidates (fixing each
 layer's P and Q) and the rest follow in chunks of their own, so activation memory does not grow with N. On an
-accelerator, layers of one shape and one optimizer group are stacked and scored together when the group's
-last gradient arrives (one kernel per group rather than per layer: a GPU is launch-bound at these sizes); on a
-CPU each layer is scored alone (stacking only copies there) unless its map gains from stacking. Per layer:
+accelerator, layers of one shape and one optimizer group form a layer group, scored together when its
+last gradient arrives (one kernel per layer group rather than per layer: a GPU is launch-bound at these sizes); on a
+CPU each layer is scored alone (grouping only copies there) unless its map gains from grouping. Per layer:
 
-- proxy direction ḡ = (1/P) Σ_p G_p and the utility vector Q = −Jᵀḡ of the step's derivative J
+- target direction ḡ = (1/P) Σ_p G_p and the utility vector Q = −Jᵀḡ of the step's derivative J
   (``OptimizerMap.utility_vector``; Q = P ḡ for the self-adjoint SGD and AdamW maps; Muon's J
   is the exact vector–Jacobian product of its Newton–Schulz iteration);
 - exact utilities u_i = ⟨G_i, Q⟩ = Σ_t b_tᵀ Q a_t (one T·d_out·d_in product per candidate);
@@ -25,7 +25,7 @@ CPU each layer is scored alone (stacking only copies there) unless its map gains
   ``factor_tolerance``; elsewhere P G_i is formed in candidate chunks and hashed with the same
   TensorSketch hash (:meth:`TensorSketch.matrices`): exact in expectation;
 - optional probe: the sketch's real error on the first few candidates, against their exact Gram;
-- optional squared norms ‖P G_i‖², by the T² Gram form where 2T² ≤ d_in·d_out, else materialised.
+- optional squared norms ‖P G_i‖², by the T² Gram form where 2T² ≤ d_in·d_out, else formed.
 """
 
 from __future__ import annotations
@@ -40,15 +40,15 @@ from torch.distributed.tensor import DTensor
 
 from selection_callbacks.scoring.ghost import embedding, linear, tied  # noqa: F401  (each registers its scorer)
 from selection_callbacks.scoring.ghost.capture import HookCapture
-from selection_callbacks.scoring.ghost.layers import linear_kind, registered_parameters, scored_layers, shared_weights
+from selection_callbacks.scoring.ghost.layers import linear_kind, registered_parameters, scored_layers, tied_weights
 from selection_callbacks.scoring.ghost.scorers import SCORERS, TiedWeight, scorer_for
 from selection_callbacks.scoring.ghost.state import FixedMaps, PassState
 from selection_callbacks.scoring.maps.base import StepMaps
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 
 SketchKind = Literal["tensor", "count", "two_sided"]
-STACK_ROW_ELEMENTS = 1 << 20  # numbers of captured a and b per row in one stack of layers
-FACTOR_TOLERANCE = 0.3  # ρ up to which AdamW stacks are sketched through κ r cᵀ
+GROUP_ROW_ELEMENTS = 1 << 20  # numbers of captured a and b per row in one group of layers
+FACTOR_TOLERANCE = 0.3  # ρ up to which AdamW groups are sketched through κ r cᵀ
 
 
 @dataclass
@@ -57,8 +57,8 @@ class GhostScores:
 
     Attributes:
         utilities: [N] Σ_layers ⟨G_i, −Jᵀḡ⟩ (= ⟨P G_i, ḡ⟩ for self-adjoint maps).
-        layer_utilities: layer name → [N] (a weight and its bias together; a shared weight under its first layer).
-        losses: [R] per-row losses (candidates then proxy).
+        layer_utilities: layer name → [N] (a weight and its bias together; a tied weight under its first layer).
+        losses: [R] per-row losses (candidates then target rows).
         sketches: [N, m] or None.
         sq_norms: [N] Σ_layers ‖P G_i‖² or None.
         factor_error: layer name → ‖D − r cᵀ‖_F/‖D‖_F of AdamW's rank-1 factorisation (tensor/two-sided sketches;
@@ -67,7 +67,7 @@ class GhostScores:
         factored: the AdamW layers whose sketch went through the rank-1 factors (the rest were formed exactly).
         sketch_error: with ``probe`` = k: ``"gram"``, the mean over the k(k−1)/2 pairs of
             |⟨S_i, S_j⟩ − ⟨P G_i, P G_j⟩| / (‖P G_i‖‖P G_j‖), and ``"sq_norm"``, the mean of ‖S_i‖²/‖P G_i‖² − 1
-            (signed), over the first k candidates against their materialised P G_i (the sketch as used:
+            (signed), over the first k candidates against their formed P G_i (the sketch as used:
             hashing noise and any factorisation bias).
         shared: layers whose output has no row dimension (e.g. a position table): not scored.
     """
@@ -86,7 +86,7 @@ class GhostScores:
 
 
 class GhostEngine:
-    """Scores candidates against a proxy batch with captured ghost gradients.
+    """Scores candidates against a target batch with captured ghost gradients.
 
     Example::
 
@@ -102,20 +102,20 @@ class GhostEngine:
         sketch_dim: m; 0 disables sketches. With ``"tensor"`` each scored layer owns a block of the
             bins in proportion to its weight size (:func:`sketch_blocks`), at least one.
         sketch: ``"tensor"`` (TensorSketch of the token factors; AdamW layers per ``factor_tolerance``), ``"count"``
-            (exact CountSketch of materialised P G_i, the reference) or ``"two_sided"`` (AdamW through its
+            (exact CountSketch of formed P G_i, the reference) or ``"two_sided"`` (AdamW through its
             rank-1 factorised D).
         norms: also compute ‖P G_i‖².
-        chunk: candidates per chunk where per-sample matrices are materialised.
+        chunk: candidates per chunk where per-sample matrices are formed.
         exclude: module names not to score (e.g. a layer applied twice per forward).
         candidate_chunk: score candidates in forward/backward passes of at most this many rows
-            (the proxy rows ride with the first), so activation memory stays flat in N (None: one
+            (the target rows ride with the first), so activation memory stays flat in N (None: one
             pass over all rows, the fastest for small N). Rows must not interact (no batch norm).
             Scores equal one pass's.
-        stack_layers: score same-shaped layers of one optimizer group as one stack (None: on
+        group_layers: score same-shaped layers of one optimizer group as one layer group (None: on
             accelerators; on a CPU, where it copies the captures and saves no launches, only the
-            layers whose map gains from it, Muon's: :func:`stack_by_default`).
-        factor_tolerance: with ``"tensor"``, an AdamW stack is sketched through its rescaled rank-1 factors where
-            its largest ρ (:attr:`DiagonalMap.relative_factor_error`) is at most this (one device sync per stack
+            layers whose map gains from it, Muon's: :func:`group_by_default`).
+        factor_tolerance: with ``"tensor"``, an AdamW group is sketched through its rescaled rank-1 factors where
+            its largest ρ (:attr:`DiagonalMap.relative_factor_error`) is at most this (one device sync per group
             and call), else from P G_i formed in ``chunk``-candidate chunks (0: always formed, unbiased;
             ∞: always factored).
 
@@ -135,7 +135,7 @@ class GhostEngine:
         chunk: int = 8,
         exclude: tuple[str, ...] = (),
         candidate_chunk: int | None = None,
-        stack_layers: bool | None = None,
+        group_layers: bool | None = None,
         factor_tolerance: float = FACTOR_TOLERANCE,
     ) -> None:
         if sketch not in ("tensor", "count", "two_sided"):
@@ -144,16 +144,17 @@ class GhostEngine:
         self.layers = scored_layers(model, include_embedding, include_head, tuple(exclude))
         if candidate_chunk is not None and candidate_chunk < 1:
             raise ValueError(f"candidate_chunk must be ≥ 1 or None, got {candidate_chunk}")
-        self._tied = {name: names for names in shared_weights(self.layers) for name in names}
+        self._tied = {name: names for names in tied_weights(self.layers) for name in names}
         for name, module in self.layers:
             if name in self._tied and getattr(module, "bias", None) is not None:
                 raise ValueError(f"layer {name!r} shares its weight with {list(self._tied[name])} and has a bias: "
                                  "tied layers are scored without biases; exclude them")
-        owners = [(name, m) for name, m in self.layers if self._tied.get(name, (name,))[0] == name]  # a shared weight once
+        # a tied weight once
+        owners = [(name, m) for name, m in self.layers if self._tied.get(name, (name,))[0] == name]
         sizes = [module.weight.numel() for _, module in owners]
         self._blocks = dict(zip([name for name, _ in owners], sketch_blocks(sizes, sketch_dim))) if sketch == "tensor" and sketch_dim else {}
         self.sketch_dim, self.sketch, self.norms, self.chunk = sketch_dim, sketch, norms, chunk
-        self.candidate_chunk, self.stack_layers, self.factor_tolerance = candidate_chunk, stack_layers, factor_tolerance
+        self.candidate_chunk, self.group_layers, self.factor_tolerance = candidate_chunk, group_layers, factor_tolerance
         self._modules = dict(self.layers)
         self._index = {name: i for i, (name, _) in enumerate(self.layers)}
         self._sketchers: dict[tuple, object] = {}
@@ -188,23 +189,23 @@ class GhostEngine:
         probe: int = 0,
         factor_errors: bool = True,
     ) -> GhostScores:
-        """Scores of ``rows`` (candidates first, then ≥ 1 proxy rows) under the maps ``step_maps``.
+        """Scores of ``rows`` (candidates first, then ≥ 1 target rows) under the maps ``step_maps``.
 
         One forward/backward over all rows, or, with ``candidate_chunk`` = c < N, one over the
-        first c candidates and the proxy rows (which fix each layer's P and Q), then one per
+        first c candidates and the target rows (which fix each layer's P and Q), then one per
         further chunk of c candidates. ``probe`` = k ≥ 2 (with sketches) also forms P G_i of the first
         min(k, c) candidates in every layer and reports the sketch's error on them (``sketch_error``).
         ``factor_errors`` = False leaves out ``GhostScores.factor_error`` (a diagnostic: one pass over each
         AdamW layer's D); ρ, which picks the sketch path, is always computed.
 
         Raises:
-            ValueError: no candidate or no proxy row.
+            ValueError: no candidate or no target row.
             RuntimeError: a scored layer's capture did not fire (as under ``torch.compile``), or its output gradient
                 never arrived (its output does not reach the loss; :meth:`capture_problems` finds both before scoring).
         """
         n_rows = rows["input_ids"].shape[0]
         if not 0 < n_candidates < n_rows:
-            raise ValueError(f"need candidates and ≥ 1 proxy row: N={n_candidates} of R={n_rows} rows")
+            raise ValueError(f"need candidates and ≥ 1 target row: N={n_candidates} of R={n_rows} rows")
         self._params = registered_parameters(self.model, self.layers)
         fixed: dict[tuple[str, ...], FixedMaps] = {}
         c = min(self.candidate_chunk or n_candidates, n_candidates)
@@ -221,7 +222,8 @@ class GhostEngine:
         return self._collect(passes, fixed, c)
 
     def _collect(self, passes: list[PassState], fixed: dict[tuple[str, ...], FixedMaps], c: int) -> GhostScores:
-        """The scoring call's :class:`GhostScores` from its passes (the first carries c candidates and the proxy rows)."""
+        """The scoring call's :class:`GhostScores` from its passes (the first carries c candidates and the target
+        rows)."""
         head = passes[0]
         losses = torch.cat([head.losses[:c], *(s.losses for s in passes[1:]), head.losses[c:]])
         order = [name for name, _ in self.layers if name in head.utilities]
@@ -258,7 +260,7 @@ class GhostEngine:
         received: set[str] = set()
         losses = self.capture.run(loss_fn, rows, state, ready, arrived)
         missing = [name for name, _ in self.layers if name not in state.utilities and name not in state.shared
-                   and self._tied.get(name, (name,))[0] == name]  # a shared weight's utilities are its first layer's
+                   and self._tied.get(name, (name,))[0] == name]  # a tied weight's utilities are its first layer's
         if missing:  # every pass carries ≥ 1 candidate, so a scored layer has utilities
             unreached = [name for name in state.out_shapes if name not in received]
             if unreached:
@@ -305,15 +307,15 @@ class GhostEngine:
                 self._score_group(names, state)
 
     def _score_group(self, names: tuple[str, ...], state: PassState) -> None:
-        """The group ``names`` scored by its type's registered scorer (a shared weight's by :class:`TiedWeight`'s)."""
+        """The group ``names`` scored by its type's registered scorer (a tied weight's by :class:`TiedWeight`'s)."""
         scorer = SCORERS[TiedWeight] if names[0] in self._tied else scorer_for(self._modules[names[0]])
         scorer(self, names, state)
 
     def _groups(self, state: PassState) -> list[tuple[str, ...]]:
-        """Captured layers grouped for stacking (after the forward, before the backward): same weight
-        and bias shapes, optimizer groups and captured shapes, split so that one stack holds at most
-        ``STACK_ROW_ELEMENTS`` numbers per row (the split depends on per-row sizes only, so every pass
-        of a scoring call groups alike). A layer that does not stack (``stack_layers``) is its own group.
+        """Captured layers in layer groups (after the forward, before the backward): same weight
+        and bias shapes, optimizer groups and captured shapes, split so that one group holds at most
+        ``GROUP_ROW_ELEMENTS`` numbers per row (the split depends on per-row sizes only, so every pass
+        of a scoring call groups alike). A layer that joins no group (``group_layers``) is its own group.
 
         Embeddings stay alone (their sketch and norm paths are per table); the layers sharing one weight
         form one group of their own (:mod:`~selection_callbacks.scoring.ghost.tied`).
@@ -324,7 +326,7 @@ class GhostEngine:
                 continue
             if name in self._tied:  # one weight, one group of its uses
                 key: tuple = self._tied[name]
-            elif isinstance(module, nn.Embedding) or not self._stacks(self.parameter(name), state.step_maps):
+            elif isinstance(module, nn.Embedding) or not self._joins_group(self.parameter(name), state.step_maps):
                 key = (name,)
             else:
                 weight, bias = self.parameter(name), self.parameter(name, "bias")
@@ -337,7 +339,7 @@ class GhostEngine:
             members: list[str] = []
             for name in names:
                 per_row = (state.inputs[name][0].numel() + state.out_shapes[name][1:].numel()) * (len(members) + 1)
-                if members and per_row > STACK_ROW_ELEMENTS and name not in self._tied:
+                if members and per_row > GROUP_ROW_ELEMENTS and name not in self._tied:
                     out.append(tuple(members))
                     members = []
                 members.append(name)
@@ -345,12 +347,14 @@ class GhostEngine:
         return out
 
 
-    def _stacks(self, weight: torch.Tensor, step_maps: StepMaps) -> bool:
-        """Whether ``weight``'s layer joins a stack. A sharded (FSDP2) weight never does: its map gathers its layer's
+    def _joins_group(self, weight: torch.Tensor, step_maps: StepMaps) -> bool:
+        """Whether ``weight``'s layer joins a group. A sharded (FSDP2) weight never does: its map gathers its layer's
         optimizer state whole, and alone it holds one layer's gathered state at a time."""
         if isinstance(weight, DTensor):
             return False
-        return self.stack_layers if self.stack_layers is not None else stack_by_default(weight.device, step_maps, weight)
+        if self.group_layers is not None:
+            return self.group_layers
+        return group_by_default(weight.device, step_maps, weight)
 
     def sketcher(self, names: tuple[str, ...], cls: type, d_out: int, d_in: int, seed: int, device: torch.device):
         """The sketch of layers ``names`` (a bias is ``<layer>.bias``), hashed by (seed, layer index)."""
@@ -386,11 +390,11 @@ def _probe_errors(S: torch.Tensor, exact: torch.Tensor) -> dict[str, torch.Tenso
     return {"gram": rel[iu[0], iu[1]].mean(), "sq_norm": (est.diagonal() / diag - 1).mean()}
 
 
-def stack_by_default(device: torch.device, step_maps: StepMaps, param: torch.nn.Parameter) -> bool:
-    """Stack same-shaped layers on accelerators (launch-bound). On a CPU, where stacking copies the captures and saves
-    no launches, only where the map does many small operations per matrix (``step_maps.stacks``: Muon's eigendecomposition
-    and scalar recursion, one per stack instead of one per layer)."""
-    return device.type != "cpu" or step_maps.stacks(param)
+def group_by_default(device: torch.device, step_maps: StepMaps, param: torch.nn.Parameter) -> bool:
+    """Group same-shaped layers on accelerators (launch-bound). On a CPU, where grouping copies the captures and saves
+    no launches, only where the map does many small operations per matrix (``step_maps.gains_from_grouping``: Muon's
+    eigendecomposition and scalar recursion, one per group instead of one per layer)."""
+    return device.type != "cpu" or step_maps.gains_from_grouping(param)
 
 
 def take_rows(rows: MutableMapping, index: torch.Tensor, n_rows: int) -> dict:

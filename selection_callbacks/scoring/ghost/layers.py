@@ -35,7 +35,7 @@ def scored_layers(
     asked, every ``nn.Embedding``, in registration order.
 
     The head is found structurally (:func:`selection_callbacks.nn.heads.output_heads`: marked,
-    tied to the embedding, or the vocabulary-sized Linear). A weight shared by several modules (a
+    tied to the embedding, or the vocabulary-sized Linear). A weight tied across several modules (a
     head tied to the token embedding) is one parameter: when either flag asks for one of its
     modules, all of them are listed (:class:`GhostEngine` scores them as one), and ``exclude``
     must name all of them or none. A position table (an embedding looked up with ids broadcast
@@ -68,7 +68,7 @@ def scored_layers(
         if asked and name not in exclude:
             wanted.add(id(module.weight))
     out = [(name, m) for name, m in candidates if id(m.weight) in wanted]
-    for names in shared_weights(out):
+    for names in tied_weights(out):
         if any(n in exclude for n in names):
             raise ValueError(f"layers {list(names)} share one weight (tied): exclude all of them or none, got exclude={list(exclude)}")
     if not out:
@@ -76,7 +76,7 @@ def scored_layers(
     return out
 
 
-def shared_weights(layers: list[tuple[str, nn.Module]]) -> list[tuple[str, ...]]:
+def tied_weights(layers: list[tuple[str, nn.Module]]) -> list[tuple[str, ...]]:
     """Names of the layers that share one weight, per shared weight (in layer order; unshared weights left out)."""
     uses: dict[int, list[str]] = {}
     for name, module in layers:

@@ -1,8 +1,8 @@
-"""Ghost scores of linear layers (``nn.Linear``; transformers' ``Conv1D``, stored transposed), stacked by shape.
+"""Ghost scores of linear layers (``nn.Linear``; transformers' ``Conv1D``, stored transposed), grouped by shape.
 
 For a linear layer y_t = W a_t, sample i's gradient is G_i = Σ_t b_t a_tᵀ with b_t = ∂ℓ_i/∂y_t; a ``Conv1D``
 stores W as [in, out] (y_t = Wᵀ a_t) and is scored in its stored orientation, G_i = Σ_t a_t b_tᵀ, so the
-optimizer's map of the stored parameter applies as it is. Per stack of L layers: the proxy direction
+optimizer's map of the stored parameter applies as it is. Per group of L layers: the target direction
 ḡ = (1/P) Σ_p G_p and Q = −Jᵀḡ, exact utilities u_i = ⟨G_i, Q⟩ = Σ_t b_tᵀ Q a_t, and optional sketches,
 probes and squared norms ‖P G_i‖².
 """
@@ -25,12 +25,12 @@ from selection_callbacks.scoring.sketch import CountSketch, TensorSketch, TwoSid
 if TYPE_CHECKING:
     from selection_callbacks.scoring.ghost.engine import GhostEngine
 
-MATERIALISED_ELEMENTS = 1 << 19  # numbers of formed P G_i per chunk where a tensor sketch forms them (2 MB: the passes stay in cache)
+FORMED_ELEMENTS = 1 << 19  # numbers of formed P G_i per chunk where a tensor sketch forms them (2 MB: stays in cache)
 
 
 @register_scorer(nn.Linear)
 def score_linear(engine: GhostEngine, names: tuple[str, ...], state: PassState) -> None:
-    """The scores of same-shaped layers ``names``, stacked in the weight's stored orientation:
+    """The scores of the layer group ``names`` (same shape), in the weight's stored orientation:
     B [L, R, T, rows], A [L, R, T, cols], G = Σ_t b_t a_tᵀ [rows, cols]. A Linear's rows are its
     outputs (B the output gradients, A the inputs); a Conv1D's weight is stored [in, out], so B
     is its inputs and A its output gradients."""
@@ -40,12 +40,12 @@ def score_linear(engine: GhostEngine, names: tuple[str, ...], state: PassState) 
     B, A, out = factors(engine.module(names[0]), stack(inputs), stack(grads))
     del inputs, grads
     fixed = state.fixed.get(names)
-    if fixed is None:  # the pass carrying the proxy rows fixes the group's maps
+    if fixed is None:  # the pass carrying the target rows fixes the group's maps
         fixed = state.fixed[names] = linear_maps(engine, names, B, A, out, state)
     if N == 0:
         return
     B, A, out = B[:, :N], A[:, :N], out[:, :N]
-    formed = not fixed.factored  # only a tensor sketch's AdamW stacks beyond the tolerance (choose_sketch_path)
+    formed = not fixed.factored  # only a tensor sketch's AdamW groups beyond the tolerance (choose_sketch_path)
     if formed:  # the sketch forms every G_i: the utilities read them instead of a product of their own
         u, sketch = formed_sketch(engine, names, fixed, B, A, state)
     else:
@@ -64,7 +64,8 @@ def score_linear(engine: GhostEngine, names: tuple[str, ...], state: PassState) 
             state.add_sketch(cs(bias_pg[..., None]))
         if state.probe:
             k = state.probe
-            state.add_probe(*materialised(engine, fixed.map, B[:, :k], A[:, :k], chunk=k), *(() if bias_pg is None else (bias_pg[:, :k],)))
+            state.add_probe(*formed_pg(engine, fixed.map, B[:, :k], A[:, :k], chunk=k),
+                            *(() if bias_pg is None else (bias_pg[:, :k],)))
     if engine.norms:
         sq = sq_norms(engine, fixed.map, B, A).sum(0)
         state.add_norm(sq if bias_pg is None else sq + bias_pg.pow(2).sum((0, 2)))
@@ -76,8 +77,8 @@ def stack(tensors: list[torch.Tensor]) -> torch.Tensor:
 
 
 def factors(module: nn.Module, inputs: torch.Tensor, grads: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
-    """(B [L, R, T, rows], A [L, R, T, cols], output gradients [L, R, T, d_out]) in float32 from stacked
-    captures: the weight's stored orientation (views, no copies)."""
+    """(B [L, R, T, rows], A [L, R, T, cols], output gradients [L, R, T, d_out]) in float32 from a layer
+    group's captures: the weight's stored orientation (views, no copies)."""
     L, R = grads.shape[0], grads.shape[1]
     out = grads.reshape(L, R, -1, grads.shape[-1]).float()
     x = inputs.reshape(L, R, -1, inputs.shape[-1]).float()
@@ -87,10 +88,11 @@ def factors(module: nn.Module, inputs: torch.Tensor, grads: torch.Tensor) -> tup
 def linear_maps(
     engine: GhostEngine, names: tuple[str, ...], B: torch.Tensor, A: torch.Tensor, out: torch.Tensor, state: PassState
 ) -> FixedMaps:
-    """P and Q = −Jᵀḡ of the stacked linear layers ``names`` from the pass's B [L, n + P, T, rows],
-    A [L, n + P, T, cols] and output gradients ``out`` (for biases); the proxy rows fix ḡ."""
+    """P and Q = −Jᵀḡ of the grouped linear layers ``names`` from the pass's B [L, n + P, T, rows],
+    A [L, n + P, T, cols] and output gradients ``out`` (for biases); the target rows fix ḡ."""
     n = state.n
-    gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.proxy_rows())  # Σ_p Σ_t b aᵀ / P, [L, rows, cols]
+    # Σ_p Σ_t b aᵀ / P, [L, rows, cols]
+    gbar = (B[:, n:].flatten(1, 2).mT @ A[:, n:].flatten(1, 2)).div_(state.target_rows())
     P = state.step_maps([engine.parameter(name) for name in names], gbar)
     fixed = FixedMaps(P, P.utility_vector(gbar))
     if engine.parameter(names[0], "bias") is not None:
@@ -119,7 +121,8 @@ def linear_utilities(B: torch.Tensor, A: torch.Tensor, Q: torch.Tensor) -> torch
     return (rows_matmul(B, Q).mul_(A) if A.shape[-1] <= B.shape[-1] else rows_matmul(A, Q.mT).mul_(B)).sum((2, 3))
 
 
-def materialised(engine: GhostEngine, P: OptimizerMap, B: torch.Tensor, A: torch.Tensor, chunk: int | None = None) -> Iterator[torch.Tensor]:
+def formed_pg(engine: GhostEngine, P: OptimizerMap, B: torch.Tensor, A: torch.Tensor,
+              chunk: int | None = None) -> Iterator[torch.Tensor]:
     """P G_i [L, chunk, d_out, d_in] in candidate chunks (of ``chunk``, default the engine's)."""
     chunk = chunk or engine.chunk
     for i in range(0, B.shape[1], chunk):
@@ -128,11 +131,11 @@ def materialised(engine: GhostEngine, P: OptimizerMap, B: torch.Tensor, A: torch
 
 def sketch_linear(engine: GhostEngine, names: tuple[str, ...], fixed: FixedMaps, B: torch.Tensor, A: torch.Tensor,
                   state: PassState) -> torch.Tensor:
-    """[N, m] the sketch of P G_i of the stack, by the engine's sketch kind."""
+    """[N, m] the sketch of P G_i of the group, by the engine's sketch kind."""
     d_out, d_in, P = B.shape[-1], A.shape[-1], fixed.map
     if engine.sketch == "count":
         cs = engine.sketcher(names, CountSketch, d_out, d_in, state.seed, B.device)
-        return torch.cat([cs(G) for G in materialised(engine, P, B, A)])
+        return torch.cat([cs(G) for G in formed_pg(engine, P, B, A)])
     if not fixed.factored:
         return formed_sketch(engine, names, fixed, B, A, state, utilities=False)[1]
     cls = TensorSketch if engine.sketch == "tensor" else TwoSidedProjection
@@ -144,14 +147,14 @@ def sketch_linear(engine: GhostEngine, names: tuple[str, ...], fixed: FixedMaps,
 
 def formed_sketch(engine: GhostEngine, names: tuple[str, ...], fixed: FixedMaps, B: torch.Tensor, A: torch.Tensor,
                   state: PassState, utilities: bool = True) -> tuple[torch.Tensor | None, torch.Tensor]:
-    """(utilities [L, N] or None, sketch [N, m]) of an AdamW stack beyond the factor tolerance: the tensor sketch's
+    """(utilities [L, N] or None, sketch [N, m]) of an AdamW group beyond the factor tolerance: the tensor sketch's
     hash on the formed P G_i. Each G_i = Σ_t b_t a_tᵀ is formed once, in chunks that stay in cache, and read
     twice: u_i = ⟨G_i, Q⟩ (where asked), then C·D ⊙ s1(o)s2(i) ⊙ G_i hashed (the map and the hash's signs in
     one pass)."""
     d_out, d_in = B.shape[-1], A.shape[-1]
     weights = fixed.map.apply(engine.sketcher(names, TensorSketch, d_out, d_in, state.seed, B.device).signs())
-    rows = max(1, MATERIALISED_ELEMENTS // weights[0].numel())
-    u, sketches = [], []  # layer by layer (each layer's own sketcher hashes as the stack's does)
+    rows = max(1, FORMED_ELEMENTS // weights[0].numel())
+    u, sketches = [], []  # layer by layer (each layer's own sketcher hashes as the group's does)
     for k, name in enumerate(names):
         layer = engine.sketcher((name,), TensorSketch, d_out, d_in, state.seed, B.device)
         for i in range(0, B.shape[1], rows):
@@ -169,4 +172,4 @@ def sq_norms(engine: GhostEngine, P: OptimizerMap, B: torch.Tensor, A: torch.Ten
     if P.exact_factors and 2 * T * T <= d_in * d_out:
         b2, a2 = P.token_factors(B, A)
         return ((a2 @ a2.mT) * (b2 @ b2.mT)).sum((2, 3))
-    return torch.cat([G.pow(2).sum((2, 3)) for G in materialised(engine, P, B, A)], 1)
+    return torch.cat([G.pow(2).sum((2, 3)) for G in formed_pg(engine, P, B, A)], 1)

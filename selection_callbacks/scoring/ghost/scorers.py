@@ -2,7 +2,7 @@
 
 A scorer is ``scorer(engine, names, state)``: ``names`` are captured layers of one type and shape (one group,
 scored together when the group's last output gradient arrives), their captures in ``state.inputs`` and
-``state.grads``, which the scorer pops. In the pass that carries the proxy rows it fixes the group's map and
+``state.grads``, which the scorer pops. In the pass that carries the target rows it fixes the group's map and
 utility vector in ``state.fixed[names]``; with candidates in the pass it adds their utilities per layer to
 ``state.utilities`` and their sketches, norms and probes to ``state``. ``linear`` registers ``nn.Linear``
 (and transformers' ``Conv1D``, a Linear stored transposed), ``embedding`` ``nn.Embedding`` and ``tied``

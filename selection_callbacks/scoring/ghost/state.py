@@ -1,4 +1,4 @@
-"""What one scoring pass holds: the captures of its layers, what the proxy rows fix, and the accumulators."""
+"""What one scoring pass holds: the captures of its layers, what the target rows fix, and the accumulators."""
 
 from __future__ import annotations
 
@@ -11,7 +11,7 @@ from selection_callbacks.scoring.maps.base import OptimizerMap, StepMaps
 
 @dataclass
 class FixedMaps:
-    """What the proxy rows fix for a group of L stacked layers: the map P, the utility vector
+    """What the target rows fix for a group of L layers: the map P, the utility vector
     Q = −Jᵀḡ [L, ...], the bias terms, AdamW's factor errors [L] and whether its sketch goes through the factors."""
 
     map: OptimizerMap
@@ -24,8 +24,8 @@ class FixedMaps:
 
 
 class PassState:
-    """Captures and accumulators of one forward/backward over n candidate rows then p proxy rows
-    (either may be 0); ``fixed`` is shared by the passes of one scoring call.
+    """Captures and accumulators of one forward/backward over n candidate rows then p target rows
+    (either may be 0); the passes of one scoring call hold one ``fixed``.
 
     The capture fills ``inputs`` (a layer's input, detached), ``out_shapes``, ``grads`` (a layer's output
     gradient) and ``shared`` (layers whose output has no row dimension); the engine fills ``group_of`` and the
@@ -47,10 +47,10 @@ class PassState:
         self.probe_gram: torch.Tensor | None = None
         self.factor_errors = True  # whether the pass that fixes the maps reports AdamW's Frobenius factor errors
 
-    def proxy_rows(self) -> int:
-        """P of this pass; a layer's map is fixed in the pass that carries the proxy rows."""
+    def target_rows(self) -> int:
+        """P of this pass; a layer's map is fixed in the pass that carries the target rows."""
         if not self.p:
-            raise RuntimeError("ghost scoring: a candidate pass ran before the proxy rows fixed the layer's map")
+            raise RuntimeError("ghost scoring: a candidate pass ran before the target rows fixed the layer's map")
         return self.p
 
     def add_sketch(self, s: torch.Tensor) -> None:

@@ -1,8 +1,8 @@
-"""Ghost scores of one weight shared by several layers (a head tied to the token embedding).
+"""Ghost scores of one weight tied across several layers (a head tied to the token embedding).
 
 The weight is one parameter: its per-sample gradient is the sum over its uses, G_i = Σ_k G_i^(k), so ḡ sums
-the uses' proxy gradients, P and Q = −Jᵀḡ are fixed once and u_i = Σ_k ⟨G_i^(k), Q⟩ is exact. The uses'
-sketches go through one sketcher (a linear sketch of the sum); ‖P G_i‖² is taken over the materialised sum.
+the uses' target gradients, P and Q = −Jᵀḡ are fixed once and u_i = Σ_k ⟨G_i^(k), Q⟩ is exact. The uses'
+sketches go through one sketcher (a linear sketch of the sum); ‖P G_i‖² is taken over the formed sum.
 It is scored once, under its first layer's name.
 """
 
@@ -14,7 +14,9 @@ import torch
 import torch.nn as nn
 
 from selection_callbacks.scoring.ghost.embedding import elementwise, embedding_mats, embedding_rows, embedding_sketch
-from selection_callbacks.scoring.ghost.linear import choose_sketch_path, factors, linear_utilities, materialised, sketch_linear
+from selection_callbacks.scoring.ghost.linear import (
+    choose_sketch_path, factors, formed_pg, linear_utilities, sketch_linear,
+)
 from selection_callbacks.scoring.ghost.scorers import TiedWeight, register_scorer
 from selection_callbacks.scoring.ghost.state import FixedMaps, PassState
 
@@ -49,7 +51,7 @@ def score_tied(engine: GhostEngine, names: tuple[str, ...], state: PassState) ->
             u = u + linear_utilities(B, A, fixed.Q)[0]
             if engine.sketch_dim:
                 state.add_sketch(sketch_linear(engine, (first,), fixed, B, A, state))
-            mats.append(G[0] for G in materialised(engine, P, B, A))
+            mats.append(G[0] for G in formed_pg(engine, P, B, A))
     state.utilities[first] = u
     if engine.norms:
         state.add_norm(torch.cat([sum(chunks).pow(2).sum((1, 2)) for chunks in zip(*mats)]))
@@ -68,7 +70,7 @@ def _uses(engine: GhostEngine, names: tuple[str, ...], state: PassState) -> list
 
 
 def _tied_maps(engine: GhostEngine, first: str, weight: torch.Tensor, uses: list[Use], state: PassState) -> FixedMaps:
-    """P and Q of the shared weight from the sum of its uses' proxy gradients."""
+    """P and Q of the tied weight from the sum of its uses' target gradients."""
     N = state.n
     gbar = torch.zeros(weight.shape, device=uses[0][2].device)
     for kind, left, right in uses:
@@ -76,7 +78,7 @@ def _tied_maps(engine: GhostEngine, first: str, weight: torch.Tensor, uses: list
             gbar.index_add_(0, left[N:].reshape(-1), right[N:].reshape(-1, right.shape[-1]))
         else:
             gbar += left[0, N:].flatten(0, 1).mT @ right[0, N:].flatten(0, 1)
-    gbar = gbar.div_(state.proxy_rows())[None]
+    gbar = gbar.div_(state.target_rows())[None]
     P = state.step_maps([weight], gbar)
     if any(kind == "embedding" for kind, *_ in uses):
         P = elementwise(first, P)

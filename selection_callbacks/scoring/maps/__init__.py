@@ -1,4 +1,4 @@
-"""Optimizer maps: one optimizer step linearised in the fresh gradient, per stack of same-shaped parameters.
+"""Optimizer maps: one optimizer step linearised in the fresh gradient, per group of same-shaped parameters.
 
 ``base`` (the ``OptimizerMap`` and ``StepMaps`` protocols, the registry optimizer class → map builder and
 ``register_map``), one module per optimizer (``sgd``, ``adamw``, ``muon``: each registers its builder on import,

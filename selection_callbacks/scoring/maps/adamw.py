@@ -20,12 +20,12 @@ class DiagonalMap:
     m' = β1 m + (1−β1) g and v' = β2 v + (1−β2) g². Its derivative at g → 0 (moments frozen,
     ∂v'/∂g = 0 there) is diagonal: C = lr(1−β1)√(1−β2^(s+1))/(1−β1^(s+1)) and
     D = 1/(√(β2 x) + ε√(1−β2^(s+1))), P = −J, and ``utility_vector`` is ``apply``, with x = v, the
-    derivative at g → 0. A layer whose v has not formed (every entry zero: before its first step) takes
-    x = (1−β2)/β2·ḡ², the proxy gradient's share of the next v, instead, where the derivative (lr/ε) would not
+    derivative at g → 0. A layer whose v is still zero (every entry: before its first step) takes
+    x = (1−β2)/β2·ḡ², the target gradient's share of the next v, instead, where the derivative (lr/ε) would not
     describe Adam's first, normalised step (C·D = lr/(|ḡ| + ε) there, Adam's first step on ḡ).
 
     x is floored at ``TENSOR_FLOOR`` times the layer's mean, for entries no step and no
-    proxy row has touched (embedding rows never seen), where D would otherwise explode. The map
+    target row has touched (embedding rows never seen), where D would otherwise explode. The map
     stores C/√β2 and √β2·D (the same map, one pass fewer over every weight).
     """
 
@@ -55,7 +55,7 @@ class DiagonalMap:
         """[L] ρ = √mean_{o,i} (κ r_o c_i / D_oi − 1)²: the factored map's error relative to each entry of D.
 
         Under Adam every entry of P g is of one scale (E g² ∝ 1/D²), so ρ, not ``factor_error`` (dominated by
-        D's largest entries, where v has not formed and gradients are small), sizes the error the factorisation
+        D's largest entries, where v is still small and gradients are small), sizes the error the factorisation
         puts into ⟨P G_i, P G_j⟩. With q = r cᵀ/D and κ = 1/√mean q², ρ² = 2 − 2κ·mean q.
         """
         mean_q, _ = self._ratio_moments()
@@ -66,7 +66,7 @@ class DiagonalMap:
         """[L] κ = 1/√mean_{o,i} (r_o c_i / D_oi)²: the factors' rescaling that keeps E‖P G‖² where every entry of
         P g is of one scale (E g_oi² ∝ 1/D_oi², Adam's normalisation): E‖κ (r cᵀ) ⊙ G‖² ∝ κ² Σ (r_o c_i/D_oi)² = Σ 1.
 
-        Without it the best rank-1 factors in Frobenius norm overweight the entries where D is small (formed v,
+        Without it the best rank-1 factors in Frobenius norm overweight the entries where D is small (large v,
         large gradients) and bias every ⟨S_i, S_j⟩ of the factored sketch upward.
         """
         _, mean_q2 = self._ratio_moments()
@@ -117,7 +117,7 @@ class DiagonalMap:
 
 @register_map(torch.optim.AdamW)
 def adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> DiagonalMap:
-    """AdamW's map of the stacked ``params`` of ``group`` at frozen moments (:class:`DiagonalMap`).
+    """AdamW's map of the grouped ``params`` of ``group`` at frozen moments (:class:`DiagonalMap`).
 
     Raises:
         ValueError: ``maximize=True``.
@@ -126,21 +126,21 @@ def adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn
     beta1, beta2 = group["betas"]
     lr, eps = float(group["lr"]), group["eps"]
     states = [opt.state.get(p, {}) for p in params]
-    v = _stacked_state(states, "exp_avg_sq", gbar)
-    if all("step" in st for st in states):  # one stack and one read, not a read per parameter
+    v = _grouped_state(states, "exp_avg_sq", gbar)
+    if all("step" in st for st in states):  # one group and one read, not a read per parameter
         steps = [int(s) for s in torch.stack([torch.as_tensor(whole(st["step"]), dtype=torch.float32) for st in states]).tolist()]
     else:
         steps = [int(whole(st["step"])) if "step" in st else 0 for st in states]
     if group.get("amsgrad", False) and any("max_exp_avg_sq" in st for st in states):  # zeros where missing: max(0, v) = v
-        v = torch.maximum(_stacked_state(states, "max_exp_avg_sq", gbar) / beta2, v)
+        v = torch.maximum(_grouped_state(states, "max_exp_avg_sq", gbar) / beta2, v)
     bc2 = [1.0 - beta2 ** (s + 1) for s in steps]
-    formed = v.flatten(1).amax(1) > 0
-    if bool(formed.all()):  # v itself: no pass over the proxy's share
+    started = v.flatten(1).amax(1) > 0
+    if bool(started.all()):  # v itself: no pass over the target gradient's share
         floor = TENSOR_FLOOR * v.flatten(1).mean(1)  # rows no step has touched
         x = torch.clamp(v, min=lead(floor, v.ndim))
-    else:  # v itself, the proxy's share (1 − β2)/β2·ḡ² of the next v only in layers whose v has not formed
-        x = torch.where(lead(formed, v.ndim), v, gbar.float().square().mul_((1 - beta2) / beta2))
-        floor = TENSOR_FLOOR * x.flatten(1).mean(1)  # rows neither trained nor in the proxy
+    else:  # v itself, the target gradient's share (1 − β2)/β2·ḡ² of the next v only in layers whose v is still zero
+        x = torch.where(lead(started, v.ndim), v, gbar.float().square().mul_((1 - beta2) / beta2))
+        floor = TENSOR_FLOOR * x.flatten(1).mean(1)  # rows neither trained nor in the target rows
         torch.maximum(x, lead(floor, x.ndim), out=x)
     # 1/(√(β2·x) + ε√bc2) = (1/√β2)·1/(√x + ε√(bc2/β2)): the 1/√β2 joins C (one pass fewer over every weight)
     C = per_layer([lr * (1 - beta1) * math.sqrt(b2 / beta2) / (1 - beta1 ** (s + 1)) for b2, s in zip(bc2, steps)], gbar.device)
@@ -148,9 +148,9 @@ def adamw_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn
     return DiagonalMap(C, x.sqrt_().add_(eps_term).reciprocal_())
 
 
-def _stacked_state(states: list[dict], key: str, like: torch.Tensor) -> torch.Tensor:
-    """The optimizer state ``key`` of each parameter, whole (:func:`whole`), stacked in float32 (zeros where it has
-    not formed; one float32 state is viewed, not copied: read it, never write it)."""
+def _grouped_state(states: list[dict], key: str, like: torch.Tensor) -> torch.Tensor:
+    """The optimizer state ``key`` of each parameter, whole (:func:`whole`), as one [L, *shape]
+    float32 tensor (zeros where it has none yet; one float32 state is viewed, not copied: read it, never write it)."""
     if len(states) == 1 and key in states[0]:
         return whole(states[0][key]).float().unsqueeze(0)
     if all(key in st for st in states):

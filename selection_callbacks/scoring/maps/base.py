@@ -1,7 +1,7 @@
 """What an optimizer map is, and the registry of the maps of torch's optimizers.
 
 Write the step torch takes on a fresh gradient g as Δθ(g). A candidate's utility is the first-order
-decrease of the proxy loss its gradient causes through that step, u_i = −⟨J G_i, ḡ⟩ = ⟨G_i, −Jᵀḡ⟩ with
+decrease of the target loss its gradient causes through that step, u_i = −⟨J G_i, ḡ⟩ = ⟨G_i, −Jᵀḡ⟩ with
 J = ∂Δθ/∂g at the map's stated evaluation point: ``utility_vector(ḡ)`` = −Jᵀḡ. The redundancy
 sketches use a frozen map P (Δθ ≈ −P g with the optimizer's state held fixed) through ``apply`` and
 ``token_factors``; for SGD and AdamW P = −J (diagonal, self-adjoint); for Muon P is Newton–Schulz
@@ -12,13 +12,13 @@ factorisation D ≈ r cᵀ, whose errors ``factor_error`` and ``relative_factor_
 sketches an AdamW layer through these factors only where the relative one is within its tolerance, and
 otherwise forms P G_i exactly).
 
-A map covers L parameters of one shape stacked (the engine scores same-shaped layers together, so
+A map covers a group of L parameters of one shape (the engine scores same-shaped layers together, so
 a GPU sees one kernel per group instead of one per layer): its tensors carry a leading layer
 dimension, and every method takes tensors [L, ..., *shape] with any number of middle dimensions.
 
 An optimizer class's map builder, ``builder(optimizer, group, params, gbar) -> OptimizerMap``, is
 registered with :func:`register_map` (``sgd``, ``adamw`` and ``muon`` register torch's); :class:`StepMaps`
-is what the engine asks for the map of each stack of parameters.
+is what the engine asks for the map of each group of parameters.
 
 Under FSDP2 a parameter is a ``DTensor`` row shard of the global weight (its ``shape`` global) and so is its
 optimizer state; a builder reads each state tensor through :func:`whole`, which all-gathers a ``DTensor`` into the
@@ -34,11 +34,11 @@ from typing import Protocol
 import torch
 from torch.distributed.tensor import DTensor
 
-Scale = float | torch.Tensor  # a Python number shared by the L layers, or a [L] tensor
+Scale = float | torch.Tensor  # a Python number for all L layers, or a [L] tensor
 
 
 class OptimizerMap(Protocol):
-    """One optimizer step linearised in the fresh gradient, for a stack of L same-shaped parameters."""
+    """One optimizer step linearised in the fresh gradient, for a group of L same-shaped parameters."""
 
     exact_factors: bool
 
@@ -47,7 +47,7 @@ class OptimizerMap(Protocol):
         ...
 
     def utility_vector(self, gbar: torch.Tensor) -> torch.Tensor:
-        """−Jᵀ ḡ [L, *shape] for proxy gradients ``gbar`` [L, *shape]: u_i = ⟨G_i, −Jᵀḡ⟩."""
+        """−Jᵀ ḡ [L, *shape] for target gradients ``gbar`` [L, *shape]: u_i = ⟨G_i, −Jᵀḡ⟩."""
         ...
 
     def token_factors(self, b: torch.Tensor, a: torch.Tensor) -> tuple[torch.Tensor, torch.Tensor]:
@@ -56,24 +56,24 @@ class OptimizerMap(Protocol):
 
 
 class StepMaps(Protocol):
-    """The maps of one step: gives stacked parameters of one shape (and one ``group_key``) their map."""
+    """The maps of one step: gives grouped parameters of one shape (and one ``group_key``) their map."""
 
     def group_key(self, param: torch.nn.Parameter) -> Hashable:
-        """Parameters may share one stacked map only if their keys are equal."""
+        """Parameters may share one grouped map only if their keys are equal."""
         ...
 
-    def stacks(self, param: torch.nn.Parameter) -> bool:
-        """Whether same-shaped parameters of this one's group gain from one stacked map where stacking saves no
+    def gains_from_grouping(self, param: torch.nn.Parameter) -> bool:
+        """Whether same-shaped parameters of this one's group gain from one grouped map where grouping saves no
         kernel launches (a CPU): maps that do many small operations per matrix."""
         ...
 
     def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> OptimizerMap:
-        """The map of ``params`` (``gbar`` [L, *shape], the proxy gradients, stand in for missing state)."""
+        """The map of ``params`` (``gbar`` [L, *shape], the target gradients, stand in for missing state)."""
         ...
 
 
 MapBuilder = Callable[[torch.optim.Optimizer, dict, Sequence[torch.nn.Parameter], torch.Tensor], OptimizerMap]
-MAP_BUILDERS: dict[type, MapBuilder] = {}  # optimizer class → the builder of its stacked maps
+MAP_BUILDERS: dict[type, MapBuilder] = {}  # optimizer class → the builder of its grouped maps
 
 
 def register_map(optimizer: type) -> Callable[[MapBuilder], MapBuilder]:
@@ -116,7 +116,7 @@ def lead(x: Scale, ndim: int) -> Scale:
 def rows_matmul(x: torch.Tensor, M: torch.Tensor) -> torch.Tensor:
     """x [L, ..., k] @ M [L, k, j] → [L, ..., j] as one batched product over the flattened rows.
 
-    A broadcasting ``x @ M[:, None]`` would make ``matmul`` materialise M once per middle index.
+    A broadcasting ``x @ M[:, None]`` would make ``matmul`` form a copy of M per middle index.
     """
     return (x.reshape(x.shape[0], -1, x.shape[-1]) @ M).reshape(*x.shape[:-1], M.shape[-1])
 

@@ -144,7 +144,7 @@ class MuonMap:
     J = −lr_adj·coef·∂NS/∂U with coef = 1 − μ² (Nesterov) or 1 − μ, and ``utility_vector`` is
     lr_adj·coef·(∂NS/∂U)ᵀ ḡ at the evaluation point U(0) = μ²·buf (μ·buf without Nesterov), the fresh
     gradient's share taken to zero: the momentum torch's step will orthogonalise. At a layer's first step the
-    momentum is zero and the point is coef·ḡ, the update torch would take on the proxy gradient (NS has no
+    momentum is zero and the point is coef·ḡ, the update torch would take on the target gradient (NS has no
     derivative at 0).
 
     ``apply`` and ``token_factors`` are the frozen map the sketches use: Newton–Schulz at the same point
@@ -189,7 +189,7 @@ def newton_schulz_left_factor(
 ) -> tuple[torch.Tensor, torch.Tensor, bool]:
     """(L, ‖u‖_F, tall): NS(u) = L·(u/‖u‖) in the wide orientation, computed in float32.
 
-    ``u`` is one matrix [m, n] or a stack [L, m, n] (then L [L, d, d] and norms [L]).
+    ``u`` is one matrix [m, n] or a group [L, m, n] (then L [L, d, d] and norms [L]).
     Iterates on d×d matrices only (d the short side): with X_k = L_k X₀ and L_k a polynomial in
     A₀ = X₀X₀ᵀ (so they commute), A_k = X_k X_kᵀ = L_k² A₀ and each step S = aI + bA_k + cA_k²
     gives L ← S L, A ← S² A_k: four d×d products a step instead of two d×n ones and two d×d.
@@ -212,14 +212,14 @@ def newton_schulz_left_factor(
 
 @register_map(torch.optim.Muon)
 def muon_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> MuonMap:
-    """Muon's map of the stacked ``params`` of ``group`` at the momentum (:class:`MuonMap`)."""
+    """Muon's map of the grouped ``params`` of ``group`` at the momentum (:class:`MuonMap`)."""
     mu, nesterov = group["momentum"], group["nesterov"]
     bufs = [opt.state.get(p, {}).get("momentum_buffer") for p in params]
     coef = (1 - mu * mu) if nesterov else (1 - mu)
     carry = mu * mu if nesterov else mu
     ns = NewtonSchulz(tuple(group["ns_coefficients"]), group["ns_steps"], group["eps"])
     lr = _adjust_lr(float(group["lr"]), group["adjust_lr_fn"], params[0].shape)
-    # the momentum's share U(0), or before the first step the proxy's update
+    # the momentum's share U(0), or before the first step the target gradient's update
     ref = torch.stack([coef * g.float() if buf is None else carry * buf.float() for g, buf in zip(gbar, bufs)])
     if ref.device.type == "cpu":  # one eigendecomposition gives the left factor and the VJP
         at_ref = ns.spectral(ref)

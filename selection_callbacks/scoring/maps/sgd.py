@@ -33,7 +33,7 @@ class ScalarMap:
 
 @register_map(torch.optim.SGD)
 def sgd_map(opt: torch.optim.Optimizer, group: dict, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> ScalarMap:
-    """SGD's map of the stacked ``params`` of ``group``: c = lr (with momentum, Nesterov and dampening as torch's step).
+    """SGD's map of the grouped ``params`` of ``group``: c = lr (with momentum, Nesterov and dampening as torch's step).
 
     Raises:
         ValueError: ``maximize=True``.

@@ -49,16 +49,16 @@ class OptimizerStepMaps:
         """The parameter's optimizer group: one set of hyperparameters."""
         return id(self._locate(param)[1])
 
-    def stacks(self, param: torch.nn.Parameter) -> bool:
-        """Muon's maps: one eigendecomposition batch and one scalar recursion per stack; the elementwise maps gain
-        nothing and would hold every stacked layer's captures."""
+    def gains_from_grouping(self, param: torch.nn.Parameter) -> bool:
+        """Muon's maps: one eigendecomposition batch and one scalar recursion per group; the elementwise maps gain
+        nothing and would hold every grouped layer's captures."""
         return type(self._locate(param)[0]) is torch.optim.Muon
 
     def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> OptimizerMap:
-        """The stacked map for ``params`` (one optimizer group), ``gbar`` [L, *shape]."""
+        """The grouped map for ``params`` (one optimizer group), ``gbar`` [L, *shape]."""
         opt, group = self._locate(params[0])
         if any(self._locate(p)[1] is not group for p in params[1:]):
-            raise ValueError("stacked parameters must share one optimizer group (see group_key)")
+            raise ValueError("grouped parameters must share one optimizer group (see group_key)")
         return MAP_BUILDERS[type(opt)](opt, group, params, gbar)
 
     def _locate(self, param: torch.nn.Parameter) -> tuple[torch.optim.Optimizer, dict]:
@@ -76,7 +76,7 @@ class IdentityStepMaps:
     def group_key(self, param: torch.nn.Parameter) -> Hashable:
         return None
 
-    def stacks(self, param: torch.nn.Parameter) -> bool:
+    def gains_from_grouping(self, param: torch.nn.Parameter) -> bool:
         return False
 
     def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> OptimizerMap:
@@ -100,7 +100,7 @@ class SGDStepMaps:
             raise KeyError("a scored parameter is not in the optimizer")
         return None
 
-    def stacks(self, param: torch.nn.Parameter) -> bool:
+    def gains_from_grouping(self, param: torch.nn.Parameter) -> bool:
         return False
 
     def __call__(self, params: Sequence[torch.nn.Parameter], gbar: torch.Tensor) -> OptimizerMap:

@@ -16,7 +16,7 @@ from models.lit_gpt import LitGPT
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import ClassActSelection
 from selection_callbacks.scoring.reference import load_reference
-from selection_callbacks.core.pass_counts import CostMeter
+from selection_callbacks.core.costs import CostMeter
 from selection_callbacks.scoring.proxy_models import Proxy, seeded_proxy
 from tests.support.learnability import SEQ_LEN, assert_learnability_order, trained_models
 

@@ -44,7 +44,7 @@ def _fit(corpus, selector, steps: int, optimizer: str = "adamw", batch_size: int
 
 
 @pytest.mark.parametrize("optimizer", ["adamw", "muon"])
-def test_opus_picks_the_proxy_domain(tiny_corpus, optimizer: str) -> None:
+def test_opus_picks_the_target_domain(tiny_corpus, optimizer: str) -> None:
     selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256, temperature=0.5)
     _fit(tiny_corpus, selector, steps=50, optimizer=optimizer)
     counts = selector.domain_counts
@@ -52,7 +52,7 @@ def test_opus_picks_the_proxy_domain(tiny_corpus, optimizer: str) -> None:
     assert share > 0.7, f"prose share {share:.2f} (base rate 0.5)"
 
 
-def test_greats_picks_the_proxy_domain(tiny_corpus) -> None:
+def test_greats_picks_the_target_domain(tiny_corpus) -> None:
     selector = GreatsSelection(ratio=0.5, score_len=16, sketch_dim=256)
     _fit(tiny_corpus, selector, steps=15)
     assert selector.domain_counts.get("prose", 0) / sum(selector.domain_counts.values()) > 0.8
@@ -131,7 +131,7 @@ def test_temperature_limits(tiny_corpus) -> None:
     assert effective_sample_size(SequentialBoltzmann(0.0).inclusion(values, 8, torch.Generator(), inter)) == 8.0
 
 
-def test_opus_refuses_a_datamodule_without_proxy(tiny_corpus) -> None:
+def test_opus_refuses_a_datamodule_without_target_rows(tiny_corpus) -> None:
     class NoTarget(LitGPT):
         def train_dataloader(self):
             dm = PoolDataModule(tiny_corpus["pool"], tiny_corpus["target"], tiny_corpus["val"], seq_len=32,
@@ -142,16 +142,17 @@ def test_opus_refuses_a_datamodule_without_proxy(tiny_corpus) -> None:
 
     trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
                         enable_progress_bar=False, callbacks=[OPUSSelection(ratio=0.5, score_len=16)])
-    with pytest.raises(ValueError, match=r"without a datamodule, has no target_batch\(n, rng\).*or pass proxy=FILE"):
+    with pytest.raises(ValueError, match=r"without a datamodule, has no target_batch\(n, rng\).*"
+                                         r"or pass target_file=FILE"):
         trainer.fit(NoTarget(CFG, warmup_steps=1))
 
 
-def test_opus_with_a_proxy_file_scores_against_the_files_rows(tiny_corpus) -> None:
-    """proxy=FILE draws its rows from the file: a run with the val file as proxy scores and selects exactly as a run
-    whose datamodule's target split is that file (windows of the whole 32-token rows, so both pack the same rows and
-    draw them by the same rule), and unlike a run drawing the datamodule's own target split."""
-    def fit(corpus, proxy):
-        selector = OPUSSelection(ratio=0.5, score_len=32, sketch_dim=128, proxy=proxy)
+def test_opus_with_a_target_file_scores_against_the_files_rows(tiny_corpus) -> None:
+    """target_file=FILE draws its rows from the file: a run with the val file as target file scores and selects
+    exactly as a run whose datamodule's target split is that file (windows of the whole 32-token rows, so both pack
+    the same rows and draw them by the same rule), and unlike a run drawing the datamodule's own target split."""
+    def fit(corpus, target_file):
+        selector = OPUSSelection(ratio=0.5, score_len=32, sketch_dim=128, target_file=target_file)
         _fit(corpus, selector, steps=3)
         return selector
 

@@ -35,14 +35,14 @@ def test_spearman_is_scipys(ties: bool) -> None:
     assert spearman(a, b) == pytest.approx(spearmanr(a[keep].numpy(), b[keep].numpy()).statistic, abs=1e-12)
 
 
-def test_split_halves_partition_the_proxy_rows() -> None:
+def test_split_halves_partition_the_target_rows() -> None:
     """Under the frozen AdamW map the utility is linear in ḡ, so the halves' utilities average back to the
     full batch's: u = (|A| u^A + |B| u^B) / P, and the reliability is the Spearman of exactly those two."""
     torch.manual_seed(0)
     model = GPT(CFG)
     opt = torch.optim.AdamW(model.parameters(), lr=1e-3)
     ids = torch.randint(0, 256, (11, 17))
-    rows = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}  # 4 candidates, 7 proxy rows: halves of 3 and 4
+    rows = {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}  # 4 candidates, 7 target rows: halves of 3 and 4
     for _ in range(3):  # moments to precondition by
         opt.zero_grad()
         mean_token_losses(model)(rows).mean().backward()
@@ -54,24 +54,24 @@ def test_split_halves_partition_the_proxy_rows() -> None:
     torch.testing.assert_close((3 * first + 4 * second) / 7, full, rtol=1e-4, atol=1e-6)
     got = split_half_reliability(engine, loss_fn, rows, 4, lambda: OptimizerStepMaps(opt))
     assert got == pytest.approx(spearman(first, second))
-    with pytest.raises(ValueError, match="≥ 2 proxy rows"):
+    with pytest.raises(ValueError, match="≥ 2 target rows"):
         split_half_reliability(engine, loss_fn, take_rows(rows, torch.arange(5), 11), 4, lambda: OptimizerStepMaps(opt))
 
 
 @pytest.fixture(scope="module")
-def random_bytes_proxy(tmp_path_factory: pytest.TempPathFactory) -> str:
+def random_bytes_target(tmp_path_factory: pytest.TempPathFactory) -> str:
     """Documents of uniformly random ASCII bytes (1..127): no domain of the pool, no structure to share."""
     rng = random.Random(0)
     docs = [{"id": f"r{i}", "text": "".join(chr(rng.randrange(1, 128)) for _ in range(400))} for i in range(40)]
-    return str(write_jsonl(tmp_path_factory.mktemp("proxy") / "random_bytes.jsonl", docs))
+    return str(write_jsonl(tmp_path_factory.mktemp("target") / "random_bytes.jsonl", docs))
 
 
-def test_reliability_is_higher_when_proxy_and_candidates_share_a_domain(tiny_corpus, random_bytes_proxy: str) -> None:
-    """The target proxy (prose, half the pool's candidates) ranks candidates more consistently across its two
-    halves than a proxy of random bytes does; both measured on every selection of a 20-step AdamW run."""
+def test_reliability_is_higher_when_target_and_candidates_share_a_domain(tiny_corpus, random_bytes_target: str) -> None:
+    """The target split (prose, half the pool's candidates) ranks candidates more consistently across its two
+    halves than a target file of random bytes does; both measured on every selection of a 20-step AdamW run."""
     means = {}
-    for name, proxy in (("target", None), ("random bytes", random_bytes_proxy)):
-        selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256, diagnostics_every=1, proxy=proxy)
+    for name, target_file in (("target", None), ("random bytes", random_bytes_target)):
+        selector = OPUSSelection(ratio=0.5, score_len=16, sketch_dim=256, diagnostics_every=1, target_file=target_file)
         _fit(tiny_corpus, selector, steps=20, batch_size=16)
         assert len(selector.diagnostics) == 20
         means[name] = statistics.mean(c["utility_split_half"] for c in selector.diagnostics)
@@ -119,8 +119,8 @@ def test_diagnostic_selections_are_every_nth_and_survive_a_resume() -> None:
     resumed = OPUSSelection(ratio=0.5, diagnostics_every=3)
     resumed.load_state_dict(selector.state_dict())
     assert resumed.diagnostic_call() == selector.diagnostic_call() and resumed.diagnostics == selector.diagnostics
-    with pytest.raises(ValueError, match="proxy_batch_size must be ≥ 2"):
-        OPUSSelection(proxy_batch_size=1)
+    with pytest.raises(ValueError, match="target_batch_size must be ≥ 2"):
+        OPUSSelection(target_batch_size=1)
     with pytest.raises(ValueError, match="diagnostics_every must be ≥ 1"):
         OPUSSelection(diagnostics_every=0)
 

@@ -57,12 +57,12 @@ def _trained(optimizer: str, mesh=None) -> tuple[GPT, torch.optim.Optimizer]:
     return model, opt
 
 
-def _score(model: GPT, opt: torch.optim.Optimizer, optimizer: str, stack_layers: bool):
+def _score(model: GPT, opt: torch.optim.Optimizer, optimizer: str, group_layers: bool):
     ids = torch.randint(0, 64, (N + P, T + 1), generator=torch.Generator().manual_seed(2))
     with torch.no_grad():  # FSDP2 keeps the root unsharded after this forward
         model(ids[:, :-1])
     engine = GhostEngine(model, include_embedding=True, include_head=True, sketch_dim=512, norms=True,
-                         stack_layers=stack_layers)
+                         group_layers=group_layers)
     maps = SGDStepMaps(opt, N) if optimizer == "sgd" else OptimizerStepMaps(opt)
     return engine, engine.score(row_losses(model), {"input_ids": ids[:, :-1], "labels": ids[:, 1:]}, N, maps, probe=4)
 
@@ -74,7 +74,7 @@ def test_sharded_model_scores_as_unsharded(mesh, optimizer: str) -> None:
     assert all(isinstance(p, DTensor) for p in model.parameters())
     if optimizer == "adamw":
         assert all(isinstance(opt.state[p]["exp_avg_sq"], DTensor) for p in model.parameters())
-    (_, a), (engine, b) = _score(*eager, optimizer, stack_layers=False), _score(*sharded, optimizer, stack_layers=True)
+    (_, a), (engine, b) = _score(*eager, optimizer, group_layers=False), _score(*sharded, optimizer, group_layers=True)
     assert all(isinstance(engine.parameter(name), DTensor) for name, _ in engine.layers)
     assert a.layer_utilities.keys() == b.layer_utilities.keys() and len(a.layer_utilities) == 10  # 8 in blocks, embedding, head
     for name in a.layer_utilities:
