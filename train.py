@@ -44,14 +44,14 @@ import lightning as L
 from jsonargparse import Namespace
 from lightning.pytorch.cli import LightningCLI, SaveConfigCallback
 
+import selection_callbacks.methods  # noqa: F401  (registers the methods, so --selection RandomSelection resolves)
 from models.lit_gpt import LitGPT
-from selection_callbacks.core.safe_load import refuse_forced_pickle
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.callbacks.ledger_writer import SelectionLedger
 from selection_callbacks.callbacks.recorder import RunRecorder
+from selection_callbacks.core.safe_load import refuse_forced_pickle
 from selection_callbacks.data.datamodule import PoolDataModule
-import selection_callbacks.methods  # noqa: F401  (registers the methods, so --selection RandomSelection resolves)
 
 
 class RunFolderConfig(SaveConfigCallback):

@@ -13,8 +13,8 @@ from torchmetrics import SumMetric
 from typing_extensions import override
 
 from models.parallelize import compile_blocks, shard
-from selection_callbacks.nn.checkpointing import checkpoint_activations
 from selection_callbacks.data.tokenizer import ByteTokenizer
+from selection_callbacks.nn.checkpointing import checkpoint_activations
 from selection_callbacks.nn.optim import build_optimizer, param_split, warmup_cosine
 from selection_callbacks.scoring.losses import sequence_means, token_losses
 

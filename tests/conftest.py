@@ -6,7 +6,6 @@ import json
 from pathlib import Path
 
 import pytest
-
 from support.toy_corpus import make_docs
 
 _bad_skips: list[str] = []

@@ -10,11 +10,11 @@ import lightning as L
 import pytest
 import torch
 
+from models.lit_gpt import LitGPT
 from selection_callbacks.core.contract import SuperbatchError
 from selection_callbacks.core.selection import Scores
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.data.tokenizer import ByteTokenizer
-from models.lit_gpt import LitGPT
 from selection_callbacks.methods import (
     ClassActSelection,
     GreatsSelection,

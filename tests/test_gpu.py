@@ -45,7 +45,7 @@ from selection_callbacks.scoring.ghost.engine import GhostEngine
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
 from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from tests.callbacks.test_ledger import _launch
-from tests.callbacks.test_stack import K, METHODS, N, STEPS, StepScores, Trained, _assert_ranks_agree
+from tests.callbacks.test_stack import METHODS, STEPS, K, N, StepScores, Trained, _assert_ranks_agree
 
 pytestmark = [pytest.mark.gpu, pytest.mark.skipif(not torch.cuda.is_available(), reason="needs a CUDA device")]
 ROOT = Path(__file__).resolve().parents[1]

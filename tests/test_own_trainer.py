@@ -108,7 +108,8 @@ def test_an_ordinary_loader_is_warned_about_and_a_resumed_run_replays_its_first_
         _fit(namespace, tmp_path, 5)
         _fit(namespace, tmp_path, 10, ckpt_path=str(tmp_path / "run" / CHECKPOINT))
     rows = _rows(tmp_path / "run")
-    ids = lambda lo, hi: [row[2] for row in rows if lo <= row[0] < hi]
+    def ids(lo, hi):
+        return [row[2] for row in rows if lo <= row[0] < hi]
     assert len(rows) == 10 * 16 and ids(5, 10) == ids(0, 5)  # steps 6-10 re-served the superbatches of steps 1-5
     trained = [row[2] for row in rows if row[4]]
     assert len(trained) - len(set(trained)) > 0  # candidates trained twice in one epoch

@@ -9,8 +9,8 @@ import lightning as L
 import pytest
 
 import train
-from models.lit_gpt import LitGPT
 from models.hf_causal_lm import LitCausalLM
+from models.lit_gpt import LitGPT
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RandomSelection

@@ -21,8 +21,6 @@ import sysconfig
 import venv
 from pathlib import Path
 
-import pytest
-
 from tests.offline.test_offline_features import TINY_BANK, TINY_PROXY
 
 ROOT = Path(__file__).resolve().parents[1]

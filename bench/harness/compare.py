@@ -39,7 +39,6 @@ from bench.harness.methods import Method, resolve
 from bench.harness.report import write_report
 from bench.harness.train_child import ROOT, fit_command, thread_env
 
-
 TRAIN_KEYS = ("model.", "trainer.", "data.")  # variant keys that are train.py flags, not selection arguments
 RENAMED_ARGS = {"proxy_batch_size": "target_batch_size", "stack_layers": "group_layers"}  # names in committed keys
 

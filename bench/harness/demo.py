@@ -49,7 +49,6 @@ from jsonargparse import ArgumentParser
 from bench.harness.report import crossing
 from bench.harness.train_child import fit_command, thread_env
 
-
 BASELINE = ["configs/scale/cpu-tiny.yaml", "configs/tuned/cpu-tiny-adamw.yaml"]
 RUNS = {
     "random": ["configs/method/random.yaml"],

@@ -43,6 +43,7 @@ from bench.harness.compare import horizon_label, split_variant
 from bench.harness.ladder import NOT_MEASURED, load_rung, method_settings, rung_cells, values
 from bench.harness.report import crossing, fmt_relative, fmt_value
 
+
 def cell_name(cell: dict[str, Any]) -> str:
     """``"cpu-mini-32M"``: the scale and the run length."""
     return f"{cell['name']}-{horizon_label(cell['tokens'])}"

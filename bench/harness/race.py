@@ -41,7 +41,8 @@ from typing import Any
 import yaml
 from jsonargparse import ArgumentParser
 
-from bench.harness.compare import Plan, build_parser as compare_parser, resolve_variants, run_one, scale_config
+from bench.harness.compare import Plan, resolve_variants, run_one, scale_config
+from bench.harness.compare import build_parser as compare_parser
 from bench.harness.methods import Method
 from bench.harness.steptime import add_run_arguments, machine_line, measure
 from bench.harness.train_child import ROOT

@@ -12,7 +12,6 @@ import numpy as np
 from bench.harness.intervals import t_half_width
 from selection_callbacks.core.machine_load import ALONE_BELOW, describe_load
 
-
 ORACLES = {False: "oracle", True: "oracle_offline"}
 """The labelled ceiling of each kind: online methods against the online oracle, offline ones against the offline."""
 

@@ -18,7 +18,6 @@ from jsonargparse import ArgumentParser
 
 from bench.harness.train_child import ROOT, fit_command, thread_env
 
-
 # name → (method config, optimizer, extra selection arguments)
 FINGERPRINTED: dict[str, tuple[str, str, list[str]]] = {
     "random": ("random", "adamw", []),

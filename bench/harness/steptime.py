@@ -36,7 +36,8 @@ from typing import Any
 
 from jsonargparse import ArgumentParser
 
-from bench.harness.compare import TRAIN_KEYS, Plan, build_parser as compare_parser, prepare_online, resolve_variants
+from bench.harness.compare import TRAIN_KEYS, Plan, prepare_online, resolve_variants
+from bench.harness.compare import build_parser as compare_parser
 from bench.harness.cost_model import modelled_cost
 from bench.harness.train_child import ROOT, thread_env
 from selection_callbacks.core.machine_load import ALONE_BELOW

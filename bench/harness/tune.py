@@ -29,7 +29,8 @@ import numpy as np
 import yaml
 from jsonargparse import ArgumentParser
 
-from bench.harness.compare import ROOT, build_parser as compare_parser, compare, scale_config, tuned_config, tuned_name
+from bench.harness.compare import ROOT, compare, scale_config, tuned_config, tuned_name
+from bench.harness.compare import build_parser as compare_parser
 
 Point = tuple[tuple[str, str], ...]
 

@@ -49,8 +49,8 @@ from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.scoring.ghost.engine import FACTOR_TOLERANCE, GhostEngine
 from selection_callbacks.scoring.ghost.layers import scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from selection_callbacks.scoring.maps.base import OptimizerMap
+from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 
 TARGET_ROWS = 8

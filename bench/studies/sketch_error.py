@@ -41,8 +41,8 @@ import torch.nn.functional as F
 from jsonargparse import ArgumentParser
 from torch.func import functional_call, grad, vmap
 
-from bench.studies.ghost import per_sample_weight_grads, setup
 from bench.harness.report import write_json
+from bench.studies.ghost import per_sample_weight_grads, setup
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
 from selection_callbacks.scoring.ghost.engine import GhostEngine

@@ -30,7 +30,6 @@ import yaml
 from jsonargparse import ArgumentParser
 
 from bench.harness.compare import finished
-
 from selection_callbacks.core.ledger_store import read_ledger, read_meta
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.tokenizer import ByteTokenizer
@@ -48,7 +47,8 @@ def sample_features(split: PackedSplit, sample_ids: np.ndarray, boundary_id: int
     doc_end = np.append(split.doc_start[1:], len(split.tokens))
     is_byte = windows < 256
     nbytes = np.maximum(is_byte.sum(1), 1)
-    share = lambda chars: (np.isin(windows, chars) & is_byte).sum(1) / nbytes
+    def share(chars):
+        return (np.isin(windows, chars) & is_byte).sum(1) / nbytes
     return {
         "doc_offset": np.log2(1 + starts - split.doc_start[np.maximum(doc, 0)]),
         "doc_length": np.log2(np.maximum(doc_end[np.maximum(doc, 0)] - split.doc_start[np.maximum(doc, 0)], 1)),

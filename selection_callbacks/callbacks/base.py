@@ -17,9 +17,9 @@ from selection_callbacks.callbacks.fit_checks import (
     declared_keys,
     declared_superbatch_size,
     drawn_target_rows,
-    fit_problems,
     drop_last_superbatch,
     first_superbatch_problems,
+    fit_problems,
     resume_message,
     select_fit,
     undeclared_shape,
@@ -39,8 +39,6 @@ from selection_callbacks.core.contract import (
 from selection_callbacks.core.costs import CostMeter
 from selection_callbacks.core.domains import domain_names
 from selection_callbacks.core.rng import micro_batch_generator
-from selection_callbacks.nn.flops import matmul_flops_per_token
-from selection_callbacks.nn.heads import vocabulary_size
 from selection_callbacks.core.sampling import effective_sample_size, make_rule
 from selection_callbacks.core.selection import (
     Choice,
@@ -50,6 +48,8 @@ from selection_callbacks.core.selection import (
     finite_scores,
     keep_count,
 )
+from selection_callbacks.nn.flops import matmul_flops_per_token
+from selection_callbacks.nn.heads import vocabulary_size
 
 __all__ = ["Scores", "SelectionCallback", "SelectionRecord", "logs_this_step"]
 

@@ -10,8 +10,8 @@ from lightning.pytorch.loggers import WandbLogger
 from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback, logs_this_step
-from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.core.domains import domain_names
+from selection_callbacks.core.selection import SelectionRecord
 
 
 class SelectionDashboard(L.Callback):

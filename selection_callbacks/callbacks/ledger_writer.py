@@ -7,7 +7,6 @@ The files and their readers are in :mod:`selection_callbacks.core.ledger_store`;
 from __future__ import annotations
 
 import dataclasses
-
 from pathlib import Path
 from typing import Any
 
@@ -18,10 +17,11 @@ from lightning.pytorch.utilities import rank_zero_warn
 from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback
-from selection_callbacks.core.selection import SelectionRecord
-from selection_callbacks.core.ledger_store import SCHEMA, LedgerError, next_seq, truncate_ledger, write_table
 from selection_callbacks.core.domains import domain_names
 from selection_callbacks.core.io import write_json_atomic
+from selection_callbacks.core.ledger_store import SCHEMA, LedgerError, next_seq, truncate_ledger, write_table
+from selection_callbacks.core.selection import SelectionRecord
+
 
 class SelectionLedger(L.Callback):
     """Writes one parquet row per candidate per micro-batch: ids, scores and whether it was kept.

@@ -9,9 +9,8 @@ from typing import Any
 
 import lightning as L
 import torch
-from typing_extensions import override
-
 from torch._dynamo.utils import counters
+from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.callbacks.stack import fit_stack

@@ -11,10 +11,10 @@ from __future__ import annotations
 import hashlib
 import json
 import random
-from collections.abc import Callable, Iterable, Iterator, Sequence
-from itertools import chain, zip_longest
 import time
+from collections.abc import Callable, Iterable, Iterator, Sequence
 from dataclasses import dataclass
+from itertools import chain, zip_longest
 from pathlib import Path
 
 SPLITS = ("pool", "target", "val")

@@ -34,16 +34,16 @@ from pathlib import Path
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.data.corpus_docs import (
-    build_or_keep,
     HELDOUT_SPLITS,
     MAX_DOC_BYTES,
     SPLITS,
     Doc,
+    build_or_keep,
     chunk,
     dedupe_across,
-    domain_table,
     docs_from,
     domain_stats,
+    domain_table,
     files_match,
     fill,
     nbytes,

@@ -40,14 +40,14 @@ from pathlib import Path
 from jsonargparse import ActionSubCommands, ArgumentParser, Namespace
 
 from selection_callbacks.data.corpus_docs import (
-    build_or_keep,
     HELDOUT_SPLITS,
     SPLITS,
     Doc,
+    build_or_keep,
     dedupe_across,
-    domain_table,
     docs_from,
     domain_stats,
+    domain_table,
     files_match,
     fill,
     read_card,

@@ -40,6 +40,7 @@ from selection_callbacks.offline.policy import PolicyConfig, select_policy
 from selection_callbacks.offline.sharded.select import ENGINES, SHARDED_METHODS, EngineConfig, run_sharded_selection
 from selection_callbacks.offline.warmup_delta import WarmupDeltaConfig, select_warmup_delta
 
+
 @dataclass(frozen=True)
 class Selector:
     """A registered offline selector: its config dataclass, its function and a one-line help."""

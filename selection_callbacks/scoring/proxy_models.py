@@ -20,8 +20,8 @@ import torch
 import torch.nn as nn
 
 from selection_callbacks.core.costs import CostMeter
-from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.core.rng import derived_seed
+from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.scoring.losses import per_sample_loss, sequence_means, token_losses
 
 __all__ = [

@@ -287,7 +287,8 @@ def test_offline_prepare_reselects_when_its_inputs_change(tiny_corpus, tmp_path)
 
 def test_equal_wall_uses_the_interleaved_step_time_ratio(tmp_path) -> None:
     """A method 25% slower per step (in-run) is judged at random's tokens / 1.25; the run's own wall-clock is ignored."""
-    from bench.harness.equal_wall import equal_wall, main as equal_wall_main
+    from bench.harness.equal_wall import equal_wall
+    from bench.harness.equal_wall import main as equal_wall_main
 
     def run(seed, bpbs, wall_per_token, one_off=0.0):
         tokens = [100.0 * (i + 1) for i in range(len(bpbs))]
@@ -364,8 +365,8 @@ def test_sketch_error_over_training_stages(tmp_path) -> None:
 
 def test_offline_variants_set_the_selector_config(tiny_corpus, tmp_path) -> None:
     """``datamask@bank.proxy_tokens=null``: the override reaches the selector, its identity and nothing else."""
-    from selection_callbacks.offline.datamask.selector import DatamaskConfig
     from bench.harness.offline import config_with
+    from selection_callbacks.offline.datamask.selector import DatamaskConfig
     from selection_callbacks.offline.select import SelectionError
 
     cfg = config_with(DatamaskConfig(), [("bank.proxy_tokens", "null"), ("lam", "0.5"), ("embedder", "hashed")])
@@ -493,8 +494,9 @@ def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus,
 def test_report_lists_score_diagnostics_per_seed() -> None:
     from bench.harness.report import diagnostics_lines
 
-    run = lambda rel, ratio: {"diagnostics": {"checks": 10, "utility_split_half_mean": rel, "sketch_error_mean": 0.1},
-                              "modelled_step_ratio": ratio}
+    def run(rel, ratio):
+        return {"diagnostics": {"checks": 10, "utility_split_half_mean": rel, "sketch_error_mean": 0.1},
+                "modelled_step_ratio": ratio}
     results = {"methods": {"random": {"runs": [{"diagnostics": {}}]},
                            "opus": {"runs": [run(0.41, 1.31), run(0.52, None)]}}}
     lines = diagnostics_lines(results)

@@ -64,7 +64,8 @@ def test_reference_steps_variant_is_timed_as_its_base_with_a_scaled_startup() ->
     ((-0.5, (-0.6, -0.4)), (-0.05, (-0.2, 0.1)), "vanishes"),
 ])
 def test_verdict(short, long, expected) -> None:
-    cell = lambda d: {"diff_mean": d[0], "ci": d[1]}
+    def cell(d):
+        return {"diff_mean": d[0], "ci": d[1]}
     assert horizons.verdict(cell(short), cell(long)) == expected
 
 

@@ -12,13 +12,13 @@ import torch
 from lightning.pytorch.loggers import CSVLogger
 from torch.utils.data import DataLoader
 
-from selection_callbacks.nn.gpt import GPTConfig
 from models.lit_gpt import LitGPT
 from selection_callbacks.callbacks.base import SelectionCallback
 from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.core.contract import SuperbatchError, subset_in_place
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import HighLossSelection, RandomSelection
+from selection_callbacks.nn.gpt import GPTConfig
 
 CFG = GPTConfig(vocab_size=320, block_size=32, n_layer=1, n_head=2, n_embd=32)
 

@@ -12,13 +12,12 @@ import torch
 import wandb
 from lightning.pytorch.loggers import CSVLogger
 
-from selection_callbacks.nn.gpt import GPTConfig
 from models.lit_gpt import LitGPT
 from selection_callbacks.callbacks.dashboard import SelectionDashboard
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import RandomSelection
+from selection_callbacks.nn.gpt import GPTConfig
 from tests.support.wandb_fit import wandb_fit
-
 
 
 def test_wandb_offline_run_holds_histograms_tables_and_summary(tiny_corpus, tmp_path: Path, monkeypatch) -> None:

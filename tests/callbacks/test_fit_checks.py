@@ -203,8 +203,9 @@ def test_superbatch_ids_beyond_the_vocabulary_are_named_before_the_first_selecti
 
 def test_the_first_superbatch_and_the_target_rows_carry_the_same_kind_of_mask() -> None:
     batches = superbatches(loss_mask=lambda s: torch.ones(N, T))
-    target = lambda n, rng: {"input_ids": torch.from_numpy(rng.integers(0, 256, (n, T))),
-                             "loss_mask": torch.ones(n, T, dtype=torch.bool)}
+    def target(n, rng):
+        return {"input_ids": torch.from_numpy(rng.integers(0, 256, (n, T))),
+                "loss_mask": torch.ones(n, T, dtype=torch.bool)}
     with pytest.raises(SuperbatchError, match=r"the superbatch's 'loss_mask' is torch.float32 and the target rows' is "
                                               "torch.bool: give both the same dtype"):
         fit([OPUSSelection(ratio=0.5, score_len=16, sketch_dim=64)], MyData(batches, target))

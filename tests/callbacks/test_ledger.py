@@ -20,12 +20,12 @@ import pytest
 import torch
 
 import train
-from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.callbacks.ledger_writer import SelectionLedger
+from selection_callbacks.cli.ledger import main as ledger_main
 from selection_callbacks.core.ledger_store import LedgerError, read_ledger, truncate_ledger
+from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.data.subset import read_subset
-from selection_callbacks.cli.ledger import main as ledger_main
 from selection_callbacks.methods import RandomSelection
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -40,7 +40,7 @@ from scipy.stats import spearmanr
 
 from selection_callbacks.core.ledger_store import read_ledger
 from selection_callbacks.data.datamodule import PoolDataModule
-from tests.callbacks.test_ledger import K, ROOT, _args
+from tests.callbacks.test_ledger import ROOT, K, _args
 
 STEPS, ACCUMULATE = 8, 2  # steps of the comparison runs; micro-batches per step of the accumulation runs
 CONCURRENT, TIMEOUT = 8, 600  # runs at once (two processes each); seconds a run may take

@@ -10,6 +10,7 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
+from support.toy_corpus import make_docs
 
 from selection_callbacks.data.datamodule import PoolDataModule, candidates_per_rank
 from selection_callbacks.data.loader import SuperbatchLoader
@@ -18,7 +19,6 @@ from selection_callbacks.data.readers import DataSourceError, iter_documents
 from selection_callbacks.data.subset import SubsetError, write_subset
 from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.methods import RandomSelection
-from support.toy_corpus import make_docs
 from tests.conftest import write_jsonl
 
 

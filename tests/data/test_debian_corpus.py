@@ -163,7 +163,8 @@ def test_splits_domains_and_sizes(built) -> None:
 
 def test_held_out_sources_feed_nothing_to_the_pool(built) -> None:
     _, _, card, docs = built
-    source = lambda doc: doc["id"].split("/")[1]  # "<domain>/<source>/usr/...#<i>"
+    def source(doc):
+        return doc["id"].split("/")[1]  # "<domain>/<source>/usr/...#<i>"
     held = {s: {source(d) for d in docs[s]} for s in ("target", "val")}
     assert held["target"] and held["val"] and held["target"].isdisjoint(held["val"])
     assert held["target"].isdisjoint({source(d) for d in docs["pool"]})

@@ -10,8 +10,8 @@ import pyarrow as pa
 import pyarrow.parquet as pq
 import pytest
 import torch
-
 from support.toy_corpus import make_docs
+
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.data.readers import Columns, DataSourceError, iter_documents, stream_documents
 from selection_callbacks.data.stream_loader import StreamingSuperbatchLoader

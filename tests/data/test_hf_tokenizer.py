@@ -10,9 +10,9 @@ from pathlib import Path
 import numpy as np
 import pytest
 import torch
+from support.toy_corpus import make_docs
 from tokenizers import Tokenizer, decoders, models, normalizers, pre_tokenizers, trainers
 
-from support.toy_corpus import make_docs
 from selection_callbacks.cli import main as cli_main
 from selection_callbacks.data.bpe_training import train_bpe
 from selection_callbacks.data.hf_tokenizer import HFTokenizer, char_byte_offsets

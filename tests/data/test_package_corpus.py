@@ -68,7 +68,8 @@ def test_splits_domains_and_sizes(built) -> None:
 
 def test_held_out_projects_feed_nothing_to_the_pool(built) -> None:
     _, card, docs = built
-    project = lambda doc: doc["id"].split("/")[1]  # "<domain>/<project>/<path>#<i>"
+    def project(doc):
+        return doc["id"].split("/")[1]  # "<domain>/<project>/<path>#<i>"
     held = {project(d) for s in ("target", "val") for d in docs[s]}
     assert held and held.isdisjoint({project(d) for d in docs["pool"]})
     assert {project(d) for d in docs["target"]}.isdisjoint({project(d) for d in docs["val"]})

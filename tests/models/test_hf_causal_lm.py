@@ -17,10 +17,10 @@ import yaml
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: nothing is downloaded
 
 import train  # noqa: E402
-from selection_callbacks.data.datamodule import PoolDataModule  # noqa: E402
 from models import LitCausalLM  # noqa: E402
 from models.hf_causal_lm import causal_lm_config  # noqa: E402
 from models.lit_gpt import LitGPT  # noqa: E402
+from selection_callbacks.data.datamodule import PoolDataModule  # noqa: E402
 from selection_callbacks.methods import RandomSelection  # noqa: E402
 from selection_callbacks.nn.optim import build_optimizer, param_split  # noqa: E402
 

@@ -8,8 +8,8 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from selection_callbacks.nn.gpt import GPTConfig
 from models.lit_gpt import LitGPT
+from selection_callbacks.nn.gpt import GPTConfig
 
 CFG = GPTConfig(vocab_size=320, block_size=16, n_layer=2, n_head=2, n_embd=32)
 

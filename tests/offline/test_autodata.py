@@ -18,7 +18,7 @@ import pytest
 from selection_callbacks.offline.autodata.evaluation import feature_table
 from selection_callbacks.offline.autodata.proposers import EvolutionProposer, RandomProposer, mutate, random_recipe
 from selection_callbacks.offline.autodata.schema import FEATURES, canonical, load_recipe, validate_recipe
-from selection_callbacks.offline.autodata.search import SearchConfig, Search, TrialStore
+from selection_callbacks.offline.autodata.search import Search, SearchConfig, TrialStore
 from selection_callbacks.offline.autodata.surrogate import Ridge, SubsetProfile, noise_aware_scores
 from selection_callbacks.offline.common.corpus import Budget, load_corpus
 from selection_callbacks.offline.common.features import feature_bank

@@ -16,7 +16,11 @@ from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.offline.common import features as features_mod
 from selection_callbacks.offline.common.corpus import Budget, SelectionError, gumbel_order, load_corpus
 from selection_callbacks.offline.common.features import (
-    FeatureConfig, distinct_ratio, feature_bank, kmeans, standardised_columns,
+    FeatureConfig,
+    distinct_ratio,
+    feature_bank,
+    kmeans,
+    standardised_columns,
 )
 from selection_callbacks.offline.common.proxy_train import (
     ProxyConfig,

@@ -17,7 +17,12 @@ from selection_callbacks.data.subset import read_subset
 from selection_callbacks.offline.common.corpus import Budget, SelectionError, load_corpus
 from selection_callbacks.offline.common.features import FeatureBank
 from selection_callbacks.offline.dsir.selector import DSIRConfig, select_dsir
-from selection_callbacks.offline.policy.selector import PolicyConfig, learn_policy, plackett_luce_log_prob, select_policy
+from selection_callbacks.offline.policy.selector import (
+    PolicyConfig,
+    learn_policy,
+    plackett_luce_log_prob,
+    select_policy,
+)
 from selection_callbacks.offline.select import SELECTORS, main, run_selection
 from selection_callbacks.offline.warmup_delta import selector as warmup_delta_mod
 from selection_callbacks.offline.warmup_delta.selector import WarmupDeltaConfig, delta_order, select_warmup_delta

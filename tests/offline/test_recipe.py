@@ -9,7 +9,12 @@ import numpy as np
 import pytest
 
 from selection_callbacks.offline.autodata.evaluation import (
-    FeatureTable, apply_recipe_inline, cell_ids, composite_score, robust_tanh_z, run_recipe,
+    FeatureTable,
+    apply_recipe_inline,
+    cell_ids,
+    composite_score,
+    robust_tanh_z,
+    run_recipe,
 )
 from selection_callbacks.offline.autodata.schema import FEATURES, RecipeError, load_recipe, validate_recipe
 from selection_callbacks.offline.common.corpus import Budget

@@ -2,7 +2,6 @@
 
 from __future__ import annotations
 
-import copy
 import math
 
 import pytest
@@ -10,15 +9,15 @@ import torch
 import torch.nn.functional as F
 from torch.func import functional_call, grad, vmap
 
+import selection_callbacks.scoring.ghost.engine as ghost
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
-import selection_callbacks.scoring.ghost.engine as ghost
 from selection_callbacks.scoring.ghost.engine import GhostEngine, check_precision
 from selection_callbacks.scoring.ghost.layers import scored_layers
 from selection_callbacks.scoring.losses import mean_token_losses as row_losses
-from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
-from selection_callbacks.scoring.maps.step_maps import IdentityStepMaps, OptimizerStepMaps
 from selection_callbacks.scoring.maps.muon import NewtonSchulz, newton_schulz_left_factor
+from selection_callbacks.scoring.maps.step_maps import IdentityStepMaps, OptimizerStepMaps
+from selection_callbacks.scoring.sketch import TensorSketch, sketch_blocks
 
 N_CAND, N_TARGET, T = 5, 3, 8
 GROUP_BY_DEFAULT = ghost.group_by_default  # the engine's own rule (the fixture below replaces it)

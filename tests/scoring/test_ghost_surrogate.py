@@ -10,9 +10,9 @@ import torch
 import torch.nn.functional as F
 from scipy.stats import spearmanr
 
+from selection_callbacks.data.packing import pack_source
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.nn.optim import build_optimizer
-from selection_callbacks.data.packing import pack_source
 from selection_callbacks.scoring.ghost.engine import GhostEngine
 from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 

@@ -14,12 +14,12 @@ import torch
 
 os.environ.setdefault("HF_HUB_OFFLINE", "1")  # configs only: nothing is downloaded
 
-import train  # noqa: E402
 import selection_callbacks.scoring.ghost.engine as ghost  # noqa: E402
-from selection_callbacks.methods.bases.ghost import GhostSelection, excluded_layers  # noqa: E402
+import train  # noqa: E402
 from models import LitCausalLM  # noqa: E402
 from models.hf_causal_lm import causal_lm_config  # noqa: E402
 from selection_callbacks.methods import GreatsSelection, OPUSSelection  # noqa: E402
+from selection_callbacks.methods.bases.ghost import GhostSelection, excluded_layers  # noqa: E402
 from selection_callbacks.nn.optim import build_optimizer  # noqa: E402
 from selection_callbacks.scoring.ghost.engine import GhostEngine  # noqa: E402
 from selection_callbacks.scoring.ghost.layers import scored_layers, tied_weights, unscorable_layers  # noqa: E402

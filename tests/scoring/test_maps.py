@@ -23,8 +23,26 @@ from scipy.stats import spearmanr
 from torch.optim._muon import _adjust_lr
 
 from bench.studies.utility_ranking import (
-    CFG, K, MUON_LR, MUON_MU, N_TARGET, NS, POOL, TARGET, TRAIN_BATCH, AtBaseBatch, FrozenMaps, RealStep, cat,
-    make_optimizer, ns64, per_sample_grads, probe, relative, train_step, windows,
+    CFG,
+    MUON_LR,
+    MUON_MU,
+    N_TARGET,
+    NS,
+    POOL,
+    TARGET,
+    TRAIN_BATCH,
+    AtBaseBatch,
+    FrozenMaps,
+    K,
+    RealStep,
+    cat,
+    make_optimizer,
+    ns64,
+    per_sample_grads,
+    probe,
+    relative,
+    train_step,
+    windows,
 )
 from selection_callbacks.methods import OPUSSelection
 from selection_callbacks.nn.gpt import GPT

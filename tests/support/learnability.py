@@ -19,10 +19,10 @@ import numpy as np
 import torch
 
 import train
-from selection_callbacks.nn.gpt import GPTConfig
 from models.lit_gpt import LitGPT
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.data.packing import pack_source
+from selection_callbacks.nn.gpt import GPTConfig
 from support.toy_corpus import WORDS
 from tests.conftest import write_jsonl
 

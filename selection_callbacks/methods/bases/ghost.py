@@ -23,25 +23,25 @@ from collections.abc import Callable, MutableMapping
 from typing import Any
 
 import lightning as L
-from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
-from lightning.pytorch.utilities.seed import isolate_rng
 import numpy as np
 import torch
+from lightning.pytorch.utilities import rank_zero_info, rank_zero_warn
+from lightning.pytorch.utilities.seed import isolate_rng
 from typing_extensions import override
 
 from selection_callbacks.callbacks.base import SelectionCallback, logs_this_step
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss, needs_target_batch
-from selection_callbacks.core.selection import Scores
 from selection_callbacks.core.rng import derived_seed, micro_batch_generator
+from selection_callbacks.core.selection import Scores
 from selection_callbacks.data.cache import default_cache_dir
 from selection_callbacks.data.packing import PackedSplit, pack_source
 from selection_callbacks.data.token_bin import load_token_bin
 from selection_callbacks.nn.heads import vocabulary_size
 from selection_callbacks.scoring.ghost.eager import compiled_modules, eager
 from selection_callbacks.scoring.ghost.engine import FACTOR_TOLERANCE, GhostEngine, GhostScores, check_precision
-from selection_callbacks.scoring.maps.base import StepMaps
 from selection_callbacks.scoring.ghost.layers import scored_layers, tied_weights, unscorable_layers
 from selection_callbacks.scoring.losses import per_sample_loss
+from selection_callbacks.scoring.maps.base import StepMaps
 from selection_callbacks.scoring.reliability import split_half_reliability
 from selection_callbacks.scoring.windows import score_windows
 
@@ -298,7 +298,8 @@ class GhostSelection(SelectionCallback):
         if self.engine is None:
             raise RuntimeError(f"{type(self).__name__}.setup() has not run: add the callback to the Trainer")
         diagnose = self.diagnostic_call()
-        loss_fn = lambda b: _eager_loss(pl_module, b)
+        def loss_fn(b):
+            return _eager_loss(pl_module, b)
         probe = self.sketch_check if diagnose else 0
         self._last = self.engine.score(loss_fn, rows, n, self.step_maps(trainer, k), self.seed, probe,
                                        factor_errors=logs_this_step(trainer))  # read only by the logged metrics

@@ -10,8 +10,8 @@ import torch
 import torch.nn as nn
 from typing_extensions import override
 
-from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss
+from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.methods.bases.proxy import ProxySelection
 from selection_callbacks.scoring.losses import learner_losses
 

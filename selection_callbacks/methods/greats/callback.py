@@ -8,8 +8,8 @@ import lightning as L
 from typing_extensions import override
 
 from selection_callbacks.core.selection import Scores
-from selection_callbacks.scoring.maps.base import StepMaps
 from selection_callbacks.methods.bases.ghost import GhostSelection
+from selection_callbacks.scoring.maps.base import StepMaps
 from selection_callbacks.scoring.maps.step_maps import SGDStepMaps
 
 

@@ -31,7 +31,15 @@ from selection_callbacks.offline.autodata import schema
 from selection_callbacks.offline.autodata.agent_io import ProposalError, parse_recipe, run_agent
 from selection_callbacks.offline.autodata.sandbox.runner import truncate
 from selection_callbacks.offline.autodata.schema import (
-    CATEGORICAL, FEATURES, PRESET_DIR, RULE_DEFAULTS, RULES, RecipeError, canonical, load_recipe, validate_recipe,
+    CATEGORICAL,
+    FEATURES,
+    PRESET_DIR,
+    RULE_DEFAULTS,
+    RULES,
+    RecipeError,
+    canonical,
+    load_recipe,
+    validate_recipe,
 )
 from selection_callbacks.offline.autodata.surrogate import noise_aware_scores, recipe_vector, thompson_pick
 

@@ -21,7 +21,13 @@ import numpy as np
 import torch
 
 from selection_callbacks.offline.common.corpus import Corpus
-from selection_callbacks.offline.common.proxy_train import ProxyConfig, TokenStream, pack_documents, target_loss, train_proxy
+from selection_callbacks.offline.common.proxy_train import (
+    ProxyConfig,
+    TokenStream,
+    pack_documents,
+    target_loss,
+    train_proxy,
+)
 
 __all__ = ["ProxyReward"]
 

@@ -21,13 +21,26 @@ from selection_callbacks.core.costs import StageCosts
 from selection_callbacks.data.tokenizer import ByteTokenizer
 from selection_callbacks.offline.common.corpus import Corpus, SelectionError
 from selection_callbacks.offline.common.features import (
-    NUMERIC_FEATURES, FeatureBank, FeatureConfig, byte_log_probs, kmeans, prefix_quota, proxy_features,
+    NUMERIC_FEATURES,
+    FeatureBank,
+    FeatureConfig,
+    byte_log_probs,
+    kmeans,
+    prefix_quota,
+    proxy_features,
 )
 from selection_callbacks.offline.dsir.selector import DSIRConfig, bucket_log_ratio, target_bucket_counts
 from selection_callbacks.offline.sharded.runner import ShardedEngine
 from selection_callbacks.offline.sharded.shards import PoolShards, file_fingerprint
 from selection_callbacks.offline.sharded.tables import (
-    TableIndex, count_task, embed_task, read_columns, read_embeddings, read_index, read_totals, score_task,
+    TableIndex,
+    count_task,
+    embed_task,
+    read_columns,
+    read_embeddings,
+    read_index,
+    read_totals,
+    score_task,
 )
 
 __all__ = ["ScoredPool", "TokenPrefixes", "score_pool", "sharded_bank", "sharded_embeddings"]

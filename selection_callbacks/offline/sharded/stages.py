@@ -20,7 +20,11 @@ import numpy as np
 
 from selection_callbacks.offline.common.embeddings import HashedNgramEmbedder
 from selection_callbacks.offline.common.features import (
-    NGRAM_ORDERS, byte_columns, byte_histogram, distinct_ratios, log_frequency,
+    NGRAM_ORDERS,
+    byte_columns,
+    byte_histogram,
+    distinct_ratios,
+    log_frequency,
 )
 from selection_callbacks.offline.dsir.selector import hashed_ngrams
 

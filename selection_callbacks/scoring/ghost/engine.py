@@ -230,8 +230,9 @@ class GhostEngine:
         layer_utilities = {name: torch.cat([s.utilities[name] for s in passes]) for name in order}
         sketches = [s.sketch for s in passes if s.sketch is not None]
         norms = [s.sq_norms for s in passes if s.sq_norms is not None]
-        per_layer = lambda key: {name: getattr(m, key)[i] for names, m in fixed.items() if getattr(m, key) is not None
-                                 for i, name in enumerate(names)}
+        def per_layer(key):
+            return {name: getattr(m, key)[i] for names, m in fixed.items() if getattr(m, key) is not None
+                    for i, name in enumerate(names)}
         return GhostScores(
             utilities=torch.stack(list(layer_utilities.values())).sum(0),
             layer_utilities=layer_utilities,

@@ -15,7 +15,11 @@ import torch.nn as nn
 
 from selection_callbacks.scoring.ghost.embedding import elementwise, embedding_mats, embedding_rows, embedding_sketch
 from selection_callbacks.scoring.ghost.linear import (
-    choose_sketch_path, factors, formed_pg, linear_utilities, sketch_linear,
+    choose_sketch_path,
+    factors,
+    formed_pg,
+    linear_utilities,
+    sketch_linear,
 )
 from selection_callbacks.scoring.ghost.scorers import TiedWeight, register_scorer
 from selection_callbacks.scoring.ghost.state import FixedMaps, PassState

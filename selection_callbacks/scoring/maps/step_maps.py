@@ -11,7 +11,6 @@ from selection_callbacks.scoring.maps.base import MAP_BUILDERS, OptimizerMap, pe
 from selection_callbacks.scoring.maps.sgd import ScalarMap
 
 
-
 def supported() -> str:
     """The optimizer classes with a registered map (torch's by their public path), and the composite."""
     names = [f"torch.optim.{c.__name__}" if getattr(torch.optim, c.__name__, None) is c else f"{c.__module__}.{c.__qualname__}"

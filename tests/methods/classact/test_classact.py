@@ -11,13 +11,13 @@ import pytest
 import torch
 from lightning.pytorch.callbacks import ModelCheckpoint
 
-from selection_callbacks.nn.gpt import GPTConfig
 from models.lit_gpt import LitGPT
+from selection_callbacks.core.costs import CostMeter
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import ClassActSelection
-from selection_callbacks.scoring.reference import load_reference
-from selection_callbacks.core.costs import CostMeter
+from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.scoring.proxy_models import Proxy, seeded_proxy
+from selection_callbacks.scoring.reference import load_reference
 from tests.support.learnability import SEQ_LEN, assert_learnability_order, trained_models
 
 TINY_PROXY = {"proxy_layers": 1, "proxy_width": 32, "proxy_heads": 2}

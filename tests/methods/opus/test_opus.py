@@ -9,11 +9,11 @@ import numpy as np
 import pytest
 import torch
 
-from selection_callbacks.nn.gpt import GPTConfig
 from models.lit_gpt import LitGPT
 from selection_callbacks.core.sampling import SequentialBoltzmann, effective_sample_size
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import GreatsSelection, OPUSSelection
+from selection_callbacks.nn.gpt import GPTConfig
 
 CFG = GPTConfig(vocab_size=320, block_size=32, n_layer=2, n_head=2, n_embd=32)
 

@@ -24,7 +24,6 @@ from tests.methods.opus.test_opus import CFG, _fit
 from tests.support.wandb_fit import wandb_fit
 
 
-
 @pytest.mark.parametrize("ties", [False, True])
 def test_spearman_is_scipys(ties: bool) -> None:
     g = torch.Generator().manual_seed(0)

@@ -11,17 +11,17 @@ import pytest
 import torch
 
 from models.lit_gpt import LitGPT
+from selection_callbacks.cli import reference_losses
+from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.data.datamodule import PoolDataModule
-from selection_callbacks.nn.flops import matmul_flops_per_token
-from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.methods import RhoLossSelection
+from selection_callbacks.nn.flops import matmul_flops_per_token
 from selection_callbacks.scoring.losses import per_sample_loss
-from selection_callbacks.scoring.windows import score_windows
-from selection_callbacks.cli import reference_losses
-from selection_callbacks.scoring.reference_losses import ReferenceLossTable
 from selection_callbacks.scoring.proxy_models import ProxyLM
 from selection_callbacks.scoring.reference import load_reference
+from selection_callbacks.scoring.reference_losses import ReferenceLossTable
+from selection_callbacks.scoring.windows import score_windows
 from tests.support.learnability import SEQ_LEN, assert_learnability_order, trained_models
 
 

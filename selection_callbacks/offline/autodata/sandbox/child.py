@@ -27,9 +27,8 @@ import traceback
 
 sys.path.insert(0, os.path.dirname(os.path.abspath(__file__)))
 
-import numpy as np  # noqa: E402 - imported before the sandbox closes the file system
-
 import guard  # noqa: E402
+import numpy as np  # noqa: E402 - imported before the sandbox closes the file system
 
 del sys.path[0]  # recipes import from the interpreter's folders only
 
