@@ -8,7 +8,7 @@ STAMP := $(VENV)/.installed-stamp
 DATA := data/default
 RUN := runs/demo
 
-.PHONY: demo test data data-packages data-debian clean docs
+.PHONY: demo test lint data data-packages data-debian clean docs
 
 $(STAMP): pyproject.toml
 	test -x $(BIN)/python || $(PYTHON) -m venv $(VENV)
@@ -33,6 +33,9 @@ demo: data
 
 test: $(STAMP)
 	$(BIN)/python -m pytest -q -rs $(PYTEST_ARGS)
+
+lint: $(STAMP)
+	$(BIN)/python -m ruff check .
 
 docs: $(STAMP)
 	$(BIN)/python -m pip install -q -e '.[docs]'
