@@ -7,6 +7,8 @@ from __future__ import annotations
 
 import copy
 import os
+import subprocess
+import sys
 from pathlib import Path
 
 import lightning as L
@@ -24,7 +26,7 @@ from selection_callbacks.core.selection import SelectionRecord  # noqa: E402
 from selection_callbacks.data.datamodule import PoolDataModule  # noqa: E402
 from selection_callbacks.methods import ClassActSelection, RhoLossSelection  # noqa: E402
 from selection_callbacks.nn.gpt import GPTConfig  # noqa: E402
-from selection_callbacks.scoring.reference import LogitsLM, Reference  # noqa: E402
+from selection_callbacks.scoring.reference import LogitsLM, Reference, load_reference  # noqa: E402
 from selection_callbacks.scoring.reference_losses import ReferenceLossTable  # noqa: E402
 from tests.core.test_safe_load import CreatesAFile, crafted  # noqa: E402
 
@@ -180,6 +182,34 @@ class OwnBuilder(RhoLossSelection):
 
     def build_proxy(self, trainer, pl_module, purpose: str) -> nn.Module:
         return copy.deepcopy(self.trained)
+
+
+CHILD = r"""
+import sys
+sys.modules["models"] = None  # `import models` (and every models.*) raises ImportError here, as in an installed wheel
+import torch
+from selection_callbacks.scoring.reference import load_reference
+ids = torch.load(sys.argv[2])
+reference = load_reference(sys.argv[1])
+assert not any(name == "models" or name.startswith("models.") for name in sys.modules if sys.modules[name] is not None)
+torch.save(reference.per_sample_loss({"input_ids": ids}), sys.argv[3])
+"""
+
+
+@pytest.mark.parametrize("make", [_lit_gpt_checkpoint, _lit_causal_lm_checkpoint], ids=["LitGPT", "LitCausalLM"])
+def test_a_checkpoint_is_read_where_models_cannot_be_imported(tiny_corpus, tmp_path: Path, make) -> None:
+    """A LitLanguageModel checkpoint loads as a reference in a process that cannot import ``models/`` (which an
+    installed wheel lacks) and scores as the module the test loaded with it."""
+    path, module = make(tiny_corpus, tmp_path)
+    ids = torch.randint(0, 320, (4, SEQ_LEN), generator=torch.Generator().manual_seed(0))
+    torch.save(ids, tmp_path / "ids.pt")
+    env = {**os.environ, "PYTHONPATH": str(ROOT)}
+    done = subprocess.run([sys.executable, "-c", CHILD, str(path), str(tmp_path / "ids.pt"), str(tmp_path / "out.pt")],
+                          cwd=tmp_path, env=env, capture_output=True, text=True, timeout=300)
+    assert done.returncode == 0, done.stderr[-3000:]
+    with torch.no_grad():
+        expected = load_reference(module).per_sample_loss({"input_ids": ids})
+    torch.testing.assert_close(torch.load(tmp_path / "out.pt"), expected)
 
 
 def _trained_gpt(vocab: int = 320) -> LitGPT:
