@@ -48,7 +48,7 @@ ROOT = Path(__file__).resolve().parent.parent
 if str(ROOT) not in sys.path:  # run as `python docs/method_table.py`: the bench package is at the repository root
     sys.path.insert(0, str(ROOT))
 from bench.harness.intervals import t_half_width  # noqa: E402
-from bench.harness.report import summarize  # noqa: E402
+from bench.harness.report import fmt_relative, summarize  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 START, END = "<!-- method-table:start -->", "<!-- method-table:end -->"
@@ -193,8 +193,7 @@ def size_cell(cell: dict | None) -> str:
         return "–"
     step = "–" if cell["step"] is None else f"{cell['step']:.2f}×"
     wall = "–" if not cell["wall_charged"] else f"{np.mean(cell['wall_charged']):.2f}×"
-    p = "p < 0.001" if cell["p_value"] < 0.001 else f"p {cell['p_value']:.3f}"
-    return f"{cell['diff_mean']:+.3f} ({p}), {step}, {wall}"
+    return f"{cell['diff_mean']:+.3f} ({p_text(cell['p_value'])}), {step}, {wall}"
 
 
 def render_sizes() -> str:
@@ -209,16 +208,8 @@ def render_sizes() -> str:
 
 
 def p_text(p: float) -> str:
+    """``"p 0.017"``, or ``"p < 0.001"``."""
     return "p < 0.001" if p < 0.001 else f"p {p:.3f}"
-
-
-def reached_text(ratios: list[float | None], what: str) -> str:
-    """``"0.74× tokens"``: the mean over the seeds that reach random's final bpb, with how many where not all do."""
-    reached = [t for t in ratios if t is not None]
-    if not reached:
-        return f"{what} not reached"
-    share = "" if len(reached) == len(ratios) else f" ({len(reached)}/{len(ratios)} seeds)"
-    return f"{np.mean(reached):.2f}× {what}{share}"
 
 
 def render_pools() -> str:
@@ -230,7 +221,7 @@ def render_pools() -> str:
              "|---|" + "---:|" * len(POOLS)]
     for label, name in SIZE_METHODS:
         cells = ["–" if name not in summary else f"{summary[name]['diff_mean']:+.3f} ({p_text(summary[name]['p_value'])}), "
-                 f"{reached_text(summary[name]['tokens_to_random'], 'tokens')}" for summary in summaries]
+                 f"tokens {fmt_relative(summary[name]['tokens_to_random'])}" for summary in summaries]
         lines.append(f"| {label} | " + " | ".join(cells) + " |")
     return "\n".join(lines) + "\n"
 
@@ -247,7 +238,7 @@ def render_horizons() -> str:
         for c in cells:
             r = report["rows"][c["cell"]].get(name)
             row.append("–" if r is None else f"{r['diff_mean']:+.3f} ({p_text(r['p_value'])}), "
-                       f"{reached_text(r['tokens'], 'tokens')}, {reached_text(r['wall_charged'], 'wall')}")
+                       f"tokens {fmt_relative(r['tokens'])}, wall {fmt_relative(r['wall_charged'])}")
         lines.append(f"| {label} | " + " | ".join(row) + " |")
     return "\n".join(lines) + "\n"
 

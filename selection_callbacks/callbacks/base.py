@@ -211,10 +211,12 @@ class SelectionCallback(L.Callback, ABC):
         return {}
 
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
-        """What this method needs from the model, the batch and the data that this fit lacks, each with its fix.
+        """What this method needs from the model, the batch and the data that this fit lacks, each with its fix;
+        checked once in ``on_fit_start`` (see :mod:`selection_callbacks.callbacks.protocols`); [] by default."""
+        return []
 
-        Checked once in ``on_fit_start`` (see :mod:`selection_callbacks.callbacks.protocols`); [] by default.
-        """
+    def row_requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        """What only a pass over the checked target rows finds, run once every other check passed; [] by default."""
         return []
 
     def diagnostic_call(self) -> bool:
@@ -238,6 +240,8 @@ class SelectionCallback(L.Callback, ABC):
             problems += self.requirements(trainer, pl_module)
         self._target_rows, found = drawn_target_rows(readers, datamodule, vocabulary_size(pl_module), self.seed)
         problems += found + stack_problems(trainer, pl_module, self.supported_stack, type(self).__name__)
+        if not problems:  # a pass over target rows runs on rows that passed their checks
+            problems = self.row_requirements(trainer, pl_module)
         if problems:
             raise ValueError(f"{type(self).__name__} cannot start:\n- " + "\n- ".join(problems))
         shape = undeclared_shape(datamodule)

@@ -195,10 +195,7 @@ class GhostSelection(SelectionCallback):
 
     @override
     def on_fit_start(self, trainer: L.Trainer, pl_module: L.LightningModule) -> None:
-        super().on_fit_start(trainer, pl_module)  # the target rows are checked before the capture pass draws them
-        problems = self._capture_problems(trainer, pl_module) if self.engine is not None else []
-        if problems:
-            raise ValueError(f"{type(self).__name__} cannot start:\n- " + "\n- ".join(problems))
+        super().on_fit_start(trainer, pl_module)
         compiled = compiled_modules(pl_module)
         if compiled:
             shown = ", ".join(name or type(pl_module).__name__ for name in compiled[:4]) + (" …" if len(compiled) > 4 else "")
@@ -223,11 +220,14 @@ class GhostSelection(SelectionCallback):
             )
         return problems
 
-    def _capture_problems(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+    @override
+    def row_requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
         """What keeps the engine from capturing every scored layer of the learner's wiring, found by one capture pass
         (no scoring) over the first selection's target rows on the eager modules, under the Trainer's precision; the
         global RNGs (torch, numpy, Python) are restored after the draw and the pass, so the run's dropout, target rows
         and selections do not move."""
+        if self.engine is None:
+            return []
         with isolate_rng():
             rows = self._target_batch(trainer, 0, pl_module.device)
             with trainer.precision_plugin.train_step_context():
