@@ -43,7 +43,7 @@ from selection_callbacks.scoring.ghost.layers import scored_layers, tied_weights
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.maps.base import StepMaps
 from selection_callbacks.scoring.reliability import split_half_reliability
-from selection_callbacks.scoring.windows import score_windows
+from selection_callbacks.scoring.windows import ignored_mask_problem, ignores_loss_mask, score_windows
 
 
 def excluded_layers(
@@ -89,6 +89,11 @@ class GhostSelection(SelectionCallback):
     Args:
         ratio: kept fraction ρ = K/N.
         score_len: tokens scored per candidate (a seeded random window).
+        window_context: score each window after its prefix in the sequence, the target rows' too (the loss
+            counted on the window only; the rows stay T tokens wide): set it when windows cut out of long
+            sequences lose the meaning their context gives them; the scoring forward and backward then run
+            over all T tokens. The learner's ``per_sample_loss`` must honour ``loss_mask`` (checked before the
+            first step); not with ``target_file``, whose rows are packed as windows without a prefix.
         sketch_dim: m of the redundancy sketches (0: no interaction term).
         target_batch_size: target sequences drawn per micro-batch.
         target_file: a file of target rows (jsonl/parquet/text, or a .bin of pre-tokenized ids); default: the
@@ -134,6 +139,7 @@ class GhostSelection(SelectionCallback):
         self,
         ratio: float = 0.5,
         score_len: int = 16,
+        window_context: bool = False,
         sketch_dim: int = 512,
         target_batch_size: int = 8,
         target_file: str | None = None,
@@ -160,7 +166,12 @@ class GhostSelection(SelectionCallback):
         if reliability and target_batch_size < 2:
             raise ValueError(f"reliability=True splits the target rows in two halves: target_batch_size must be ≥ 2, "
                              f"got {target_batch_size} (or pass reliability=False)")
+        if window_context and target_file is not None:
+            raise ValueError("window_context=True scores each window after its prefix, but target_file rows are packed "
+                             "as score_len windows without one: drop target_file (the target split's rows carry their "
+                             "prefixes) or window_context")
         self.score_len, self.sketch_dim, self.target_batch_size = score_len, sketch_dim, target_batch_size
+        self.window_context = window_context
         self.target_file, self.sketch, self.candidate_chunk = target_file, sketch, candidate_chunk
         self.group_layers = group_layers
         self.factor_tolerance, self.sketch_check, self.reliability = factor_tolerance, sketch_check, reliability
@@ -231,7 +242,10 @@ class GhostSelection(SelectionCallback):
         with isolate_rng():
             rows = self._target_batch(trainer, 0, pl_module.device)
             with trainer.precision_plugin.train_step_context():
-                return self.engine.capture_problems(lambda b: _eager_loss(pl_module, b), rows)
+                problems = self.engine.capture_problems(lambda b: _eager_loss(pl_module, b), rows)
+                if self.window_context and ignores_loss_mask(lambda b: _eager_loss(pl_module, b), rows):
+                    problems.append(ignored_mask_problem("the learner's"))
+                return problems
 
     def _load_target_file(self, dm: object) -> PackedSplit:
         """The target file packed in score_len windows with the training data's own tokenizer.
@@ -272,7 +286,7 @@ class GhostSelection(SelectionCallback):
                 )
             rows = dm.target_batch(self.target_batch_size, rng)
         gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "proxy-window")
-        return {k: v.to(device) for k, v in score_windows(rows, self.score_len, gen).items()}
+        return {k: v.to(device) for k, v in score_windows(rows, self.score_len, gen, context=self.window_context).items()}
 
     @abstractmethod
     def step_maps(self, trainer: L.Trainer, k: int) -> StepMaps:
@@ -282,7 +296,7 @@ class GhostSelection(SelectionCallback):
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> Scores:
         n, k = batch["input_ids"].shape[0], self.keep(batch["input_ids"].shape[0])
         gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
-        cand = score_windows(batch, self.score_len, gen, trainer.global_rank, trainer.world_size)
+        cand = score_windows(batch, self.score_len, gen, trainer.global_rank, trainer.world_size, self.window_context)
         target = self._target_batch(trainer, batch_idx, cand["input_ids"].device)
         if ("labels" in cand) != ("labels" in target):
             raise ValueError("candidate and target batches must both carry 'labels' or both not")

@@ -21,9 +21,9 @@ from typing_extensions import override
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss
 from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.methods.bases.proxy import ProxySelection
-from selection_callbacks.scoring.losses import learner_losses
+from selection_callbacks.scoring.losses import learner_losses, per_sample_loss
 from selection_callbacks.scoring.reference_losses import ReferenceLossTable
-from selection_callbacks.scoring.windows import score_windows
+from selection_callbacks.scoring.windows import ignored_mask_problem, ignores_loss_mask, score_windows
 
 
 class RhoLossSelection(ProxySelection):
@@ -48,7 +48,8 @@ class RhoLossSelection(ProxySelection):
     The reference's vocabulary must equal the learner's (checked before the first step, naming both
     sizes). The learner's forward and any reference forward are counted in ``select/cost/*``. With
     ``score_len`` = L both models score the same seeded random L-token window of each candidate instead
-    of the whole sequence ([N, L] instead of [N, T]: L/T of the forwards).
+    of the whole sequence ([N, L] instead of [N, T]: L/T of the forwards); with ``window_context`` each window
+    is scored after its own prefix (the rows stay [N, T], the loss counted on the window only).
 
     Example::
 
@@ -68,6 +69,10 @@ class RhoLossSelection(ProxySelection):
         score_len: score a seeded random window of this many tokens per candidate (None: the whole
             sequence): set it to cut the scoring forwards when T is long. Not with ``reference_losses``,
             which hold whole-sequence losses.
+        window_context: with ``score_len``, score each window after its prefix in the sequence (the same
+            window's tokens, loss counted there only): set it when windows cut out of long sequences lose the
+            meaning their context gives them; the forwards then run over all T tokens. The learner's and a
+            given reference's ``per_sample_loss`` must honour ``loss_mask`` (checked before the first step).
         proxy_layers: layers of the built reference.
         proxy_width: its width; vocabulary and context follow the learner.
         proxy_heads: its attention heads; set it when ``proxy_width`` is not a multiple of 4.
@@ -81,7 +86,8 @@ class RhoLossSelection(ProxySelection):
 
     Raises:
         ValueError: both reference sources; neither with ``reference_steps`` = 0 and the default
-            ``build_proxy``; ``reference_lr`` ≤ 0, ``score_len`` < 1, or ``score_len`` with ``reference_losses``.
+            ``build_proxy``; ``reference_lr`` ≤ 0, ``score_len`` < 1, ``score_len`` with ``reference_losses``, or
+            ``window_context`` without ``score_len``.
     """
 
     supported_stack = ProxySelection.FULL_STACK
@@ -95,6 +101,7 @@ class RhoLossSelection(ProxySelection):
         reference_batch_size: int = 16,
         reference_lr: float = 2e-3,
         score_len: int | None = None,
+        window_context: bool = False,
         proxy_layers: int = 2,
         proxy_width: int = 128,
         proxy_heads: int = 4,
@@ -121,13 +128,17 @@ class RhoLossSelection(ProxySelection):
         if score_len is not None and reference_losses is not None:
             raise ValueError(f"score_len={score_len}: windows need a reference that scores them (reference= a trained "
                              "model or a pretrained one), not reference_losses (whole-sequence losses)")
+        if window_context and score_len is None:
+            raise ValueError("window_context=True scores windows after their prefix: give score_len (the window's "
+                             "tokens), or drop window_context to score whole sequences")
         super().__init__(
             ratio=ratio, k=k, sampling=sampling, temperature=temperature, seed=seed, nonfinite=nonfinite,
             proxy_layers=proxy_layers, proxy_width=proxy_width, proxy_heads=proxy_heads, reference=reference,
             reference_steps=reference_steps, reference_batch_size=reference_batch_size, reference_lr=reference_lr,
             uses_reference=reference_losses is None, **fit_options,
         )
-        self.score_len = score_len
+        self.score_len, self.window_context = score_len, window_context
+        self._mask_checked = False  # whether the losses were checked to honour loss_mask (window_context)
         self.reference_losses = reference_losses
         self.table: ReferenceLossTable | None = None
         self._mean_losses: tuple[float, float] | None = None
@@ -136,6 +147,23 @@ class RhoLossSelection(ProxySelection):
     def requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
         return needs_per_sample_loss(pl_module, type(self).__name__) + self.proxy_requirements(
             trainer, pl_module, builds=False)
+
+    @override
+    def row_requirements(self, trainer: L.Trainer, pl_module: L.LightningModule) -> list[str]:
+        if not self.window_context or self._target_rows is None:
+            return []
+        self._mask_checked = True
+        rows = {k: v.to(pl_module.device) for k, v in self._target_rows.items() if isinstance(v, torch.Tensor)}
+        with trainer.precision_plugin.train_step_context():
+            return self._mask_problems(pl_module, rows)
+
+    def _mask_problems(self, pl_module: L.LightningModule, rows: MutableMapping) -> list[str]:
+        """Which of the learner and a given reference score ``rows`` alike whatever their ``loss_mask``."""
+        scorers = {"the learner's": pl_module}
+        if self.reference is not None and self.reference.given:
+            scorers["the reference's"] = self.reference.load()
+        return [ignored_mask_problem(whose) for whose, scorer in scorers.items()
+                if ignores_loss_mask(lambda b, s=scorer: per_sample_loss(s, b), rows)]
 
     @override
     def setup(self, trainer: L.Trainer, pl_module: L.LightningModule, stage: str) -> None:
@@ -150,9 +178,15 @@ class RhoLossSelection(ProxySelection):
 
     @override
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:
+        if self.window_context and not self._mask_checked:  # no target rows at fit start: the first superbatch's
+            self._mask_checked = True
+            problems = self._mask_problems(pl_module, batch)
+            if problems:
+                raise ValueError(f"{type(self).__name__} cannot score windows in context:\n- " + "\n- ".join(problems))
         if self.score_len is not None:  # both models see the same window of each candidate
             gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
-            batch = score_windows(batch, self.score_len, gen, trainer.global_rank, trainer.world_size)
+            batch = score_windows(batch, self.score_len, gen, trainer.global_rank, trainer.world_size,
+                                  context=self.window_context)
         learner = learner_losses(pl_module, batch, self.meter).float()
         if self.table is not None:
             if not isinstance(batch.get("sample_id"), torch.Tensor):

@@ -189,3 +189,32 @@ def test_opus_without_redundancy_builds_no_sketches(tiny_corpus) -> None:
     seen = _fit(tiny_corpus, selector, steps=2)
     assert selector.engine.sketch_dim == 0 and selector._last.sketches is None
     assert all("select/redundancy_changed" not in r for r in seen.rows)
+
+
+def test_opus_scores_windows_in_context_over_whole_rows(tiny_corpus) -> None:
+    """window_context: candidates and target rows stay 32 tokens wide (the meter counts T = 4 L tokens a row where
+    windows alone count L), and the scores differ from those of the same windows alone."""
+    in_context = OPUSSelection(ratio=0.5, score_len=8, sketch_dim=64, window_context=True)
+    alone = OPUSSelection(ratio=0.5, score_len=8, sketch_dim=64)
+    _fit(tiny_corpus, in_context, steps=2)
+    _fit(tiny_corpus, alone, steps=2)
+    tokens = {s: s.meter.total["learner_fwd"][1] for s in (in_context, alone)}  # scoring and diagnostic passes
+    assert tokens[in_context] == 4 * tokens[alone] >= 4 * 2 * (16 + 8) * 8
+    assert not torch.allclose(in_context.last_scores, alone.last_scores)
+
+
+def test_opus_windows_in_context_refuse_a_target_file_and_a_mask_blind_loss(tiny_corpus) -> None:
+    with pytest.raises(ValueError, match="target_file rows are packed as score_len windows"):
+        OPUSSelection(window_context=True, target_file=tiny_corpus["target"])
+
+    class MaskBlind(LitGPT):
+        def per_sample_loss(self, batch):
+            return super().per_sample_loss({k: v for k, v in batch.items() if k != "loss_mask"})
+
+    trainer = L.Trainer(accelerator="cpu", max_steps=1, logger=False, enable_checkpointing=False,
+                        enable_progress_bar=False, callbacks=[OPUSSelection(score_len=8, window_context=True)])
+    dm = PoolDataModule(tiny_corpus["pool"], tiny_corpus["target"], tiny_corpus["val"], seq_len=32, batch_size=8,
+                        ratio=0.5, progress=False)
+    with pytest.raises(ValueError, match="OPUSSelection cannot start:\n- window_context=True .* the learner's "
+                                         "per_sample_loss ignores loss_mask"):
+        trainer.fit(MaskBlind(CFG, warmup_steps=1), datamodule=dm)

@@ -143,3 +143,44 @@ def test_windowed_scores_are_both_models_losses_on_the_same_windows(trained: dic
     assert selector.meter.total["learner_fwd"] == selector.meter.total["reference_fwd"] == [1, 64 * 8]
     with pytest.raises(ValueError, match="not reference_losses"):
         RhoLossSelection(reference_losses="pool_losses.npz", score_len=8)
+
+
+class MaskBlind(LitGPT):
+    """A learner whose per_sample_loss ignores loss_mask."""
+
+    def per_sample_loss(self, batch):
+        return super().per_sample_loss({k: v for k, v in batch.items() if k != "loss_mask"})
+
+
+def test_windows_in_context_are_scored_after_their_prefix(trained: dict) -> None:
+    """window_context: each candidate's 8-token window (the windows of score_len = 8 alone) is scored by both models
+    after its prefix: a forward of the prefix and window alone, the loss on the window; each forward costs T tokens."""
+    selector = RhoLossSelection(ratio=0.5, reference=str(trained["ckpt"]), score_len=8, window_context=True)
+    record, _ = _select(trained, selector)
+    gen = micro_batch_generator(selector.seed, record.epoch, record.micro_batch, "window")
+    starts = torch.randint(0, SEQ_LEN - 8 + 1, (64,), generator=gen).tolist()
+    reference = load_reference(trained["ckpt"])
+    ids, labels = record.batch["input_ids"], record.batch["labels"]
+    with torch.no_grad():
+        want = torch.stack([
+            torch.nn.functional.cross_entropy(trained["learner"](ids[r : r + 1, : o + 8])[0, o:], labels[r, o : o + 8])
+            - torch.nn.functional.cross_entropy(reference.model(ids[r : r + 1, : o + 8])[0, o:], labels[r, o : o + 8])
+            for r, o in enumerate(starts)])
+    torch.testing.assert_close(record.scores, want.float(), rtol=1e-4, atol=1e-5)
+    assert selector.meter.total["learner_fwd"] == selector.meter.total["reference_fwd"] == [1, 64 * SEQ_LEN]
+    with pytest.raises(ValueError, match="give score_len"):
+        RhoLossSelection(window_context=True)
+
+
+@pytest.mark.parametrize("given", [True, False])
+def test_windows_in_context_refuse_a_loss_that_ignores_loss_mask(trained: dict, given: bool) -> None:
+    """Before the first step when the fit draws target rows (a built reference), at the first superbatch when it
+    does not (a given one): the problem and the fix named either way."""
+    learner = copy.deepcopy(trained["learner"])
+    learner.__class__ = MaskBlind
+    selector = RhoLossSelection(ratio=0.5, reference=str(trained["ckpt"]) if given else None, reference_steps=1,
+                                score_len=8, window_context=True)
+    start = "cannot score windows in context" if given else "cannot start"
+    with pytest.raises(ValueError, match=f"{start}:\n- window_context=True .* the learner's per_sample_loss ignores "
+                                         "loss_mask .*or drop window_context"):
+        _select({**trained, "learner": learner}, selector)
