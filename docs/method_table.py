@@ -197,10 +197,13 @@ def size_cell(cell: dict | None) -> str:
 
 
 def render_sizes() -> str:
-    """The by-size table from the ladder: a column per rung (smallest first), a row per online method."""
+    """The by-size table from the ladder: a column per rung (smallest first; a rung of another shape after the
+    others, with its sequence length), a row per online method."""
     ladder = load(LADDER)
     rungs = ladder["rungs"]
-    lines = ["| method | " + " | ".join(f"{r['name']} ({r['params'] / 1e6:.2f}M parameters)" for r in rungs) + " |",
+    heads = [f"{r['name']} ({r['params'] / 1e6:.2f}M parameters" + (
+        f", T = {r['learner']['block_size']}: another shape, not a size)" if r.get("apart") else ")") for r in rungs]
+    lines = ["| method | " + " | ".join(heads) + " |",
              "|---|" + "---:|" * len(rungs)]
     for label, name in SIZE_METHODS:
         lines.append(f"| {label} | " + " | ".join(size_cell(ladder["cells"][r["name"]].get(name)) for r in rungs) + " |")

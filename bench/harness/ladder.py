@@ -19,7 +19,9 @@ columns read "not measured"). Per rung it counts the learner's parameters from t
   (:func:`bench.harness.equal_wall.equal_wall`).
 
 Across rungs, per method, a least-squares line of Δ (and of step ×) against log₁₀ parameters, its slope with
-standard error and 95% interval. The cost model's check sets each method's modelled step ratio
+standard error and 95% interval. A rung named by ``--apart`` (another shape: sequence length, tokenizer or pool,
+e.g. the long-shape rung ``cpu-tiny-t512``) stands in its own column of every table, after the others, and is left
+out of the trends and of the plots against size. The cost model's check sets each method's modelled step ratio
 (:mod:`bench.harness.cost_model`; calibrated by :mod:`bench.harness.pass_timing` where the step-time folder holds
 its ``pass_timing.json``) against the measured one per rung, and splits a gradient method's gap into the parts
 of its selection where the folder holds its ``ghost_parts.json`` (:mod:`bench.studies.ghost_parts`); the
@@ -302,22 +304,31 @@ def values(xs: list[float] | None, spec: str = ".4f") -> str:
     return "–" if not xs else ", ".join(format(x, spec) for x in xs)
 
 
+def rung_label(rung: dict[str, Any]) -> str:
+    """The rung's name, marked when it stands apart from the trends."""
+    return rung["name"] + (" (apart)" if rung.get("apart") else "")
+
+
 def rung_lines(rungs: list[dict[str, Any]]) -> list[str]:
-    """The rungs' table and the sentence on their tokens per parameter."""
+    """The rungs' table and the sentence on their tokens per parameter (over the rungs of the trends)."""
     lines = ["| rung | learner (layers × width, T) | parameters | update tokens | tokens per parameter | comparison | "
              "step times |", "|---|---|---:|---:|---:|---|---|"]
     for r in rungs:
         c = r["learner"]
-        lines.append(f"| {r['name']} | {c.n_layer} × {c.n_embd}, T = {c.block_size} | {r['params']:,} | "
+        lines.append(f"| {rung_label(r)} | {c.n_layer} × {c.n_embd}, T = {c.block_size} | {r['params']:,} | "
                      f"{r['tokens']:,} | {r['tokens_per_param']:.1f} | `{r['results_path']}` | "
                      f"{'`' + r['steptime_path'] + '`' if r['steptime_path'] else NOT_MEASURED} |")
-    low, high = min(rungs, key=lambda r: r["tokens_per_param"]), max(rungs, key=lambda r: r["tokens_per_param"])
+    sized = [r for r in rungs if not r.get("apart")] or rungs
+    low, high = min(sized, key=lambda r: r["tokens_per_param"]), max(sized, key=lambda r: r["tokens_per_param"])
+    apart = [r["name"] for r in rungs if r.get("apart")]
+    note = ([f"Apart: {', '.join(apart)}, of another shape (sequence length, tokenizer or pool): in every table, "
+             "left out of the trends and plots against size."] if apart else [])
     return lines + ["", "Parameters count every weight of the learner (embeddings and head included), built from "
                     "the scale each comparison trained with (its results.json's `config.scale`). Every rung trains on "
                     "the same update tokens, so the rungs differ in tokens per parameter: from "
                     f"{high['tokens_per_param']:.1f} ({high['name']}) to "
                     f"{low['tokens_per_param']:.1f} ({low['name']}). "
-                    "A trend across them mixes model size with how long each model trains for its size."]
+                    "A trend across them mixes model size with how long each model trains for its size.", *note]
 
 
 def ladder_lines(rungs: list[dict[str, Any]], cells: dict[str, dict[str, Any]], methods: list[str]) -> list[str]:
@@ -329,7 +340,7 @@ def ladder_lines(rungs: list[dict[str, Any]], cells: dict[str, dict[str, Any]], 
     for name in methods:
         for rung in rungs:
             c = cells[rung["name"]][name]
-            head = f"| {name} | {rung['name']} | {rung['params']:,} |"
+            head = f"| {name} | {rung_label(rung)} | {rung['params']:,} |"
             if c is None:
                 lines.append(f"{head} not run |" + " |" * 8)
                 continue
@@ -544,7 +555,7 @@ def markdown(report: dict[str, Any], rungs: list[dict[str, Any]], methods: list[
     lines = ["# Methods across model sizes (the ladder)", "", f"`{command}`", "", "## Rungs", "",
              *rung_lines(rungs), "", "## Methods against tuned random at each size", "",
              *ladder_lines(rungs, report["cells"], methods), "", "## Trends against size", "",
-             *trend_lines(report["trends"], len(rungs)), "", "## Plots", "",
+             *trend_lines(report["trends"], sum(not r["apart"] for r in rungs)), "", "## Plots", "",
              *[f"![{ylabel}]({file})" for file, ylabel, _, _ in PLOTS.values()], "",
              "## The cost model against measured step times", "", *check_lines(report["cost_check"]), "",
              "### A gradient method's gap, part by part", "", *gap_lines(report["gap_parts"]), "",
@@ -561,6 +572,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--rung", action="append", required=True,
                    help="NAME=RESULTS[:STEPTIME]: a comparison's results.json and its step-time file; repeat per rung")
     p.add_argument("--methods", required=True, help="comma-separated, random first; name@arg=value variants")
+    p.add_argument("--apart", action="append", default=[],
+                   help="a rung NAME of another shape: in every table, left out of the trends and plots; repeat per rung")
     p.add_argument("--project", default="gpu-gpt2", help="the scale the cost model projects step ratios to")
     p.add_argument("--out", type=Path, required=True, help="folder of report.md, ladder.json and the plots")
     return p
@@ -571,9 +584,14 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     methods = [m.strip() for m in a.methods.split(",") if m.strip()]
     if "random" not in methods:
         raise SystemExit("the ladder is against random: include 'random' in --methods")
-    rungs = sorted((load_rung(text) for text in a.rung), key=lambda r: r["params"])
+    rungs = [{**r, "apart": r["name"] in a.apart} for r in (load_rung(text) for text in a.rung)]
+    unknown = sorted(set(a.apart) - {r["name"] for r in rungs})
+    if unknown:
+        raise SystemExit(f"--apart {unknown}: no --rung has that name")
+    rungs.sort(key=lambda r: (r["apart"], r["params"]))
+    sized = [r for r in rungs if not r["apart"]]
     cells = {r["name"]: rung_cells(r, methods) for r in rungs}
-    trends = {m: method_trends(rungs, cells, m) for m in methods if m != "random"}
+    trends = {m: method_trends(sized, cells, m) for m in methods if m != "random"}
     check = cost_check(rungs, methods)
     report = {"rungs": [{k: (dataclasses.asdict(v) if k == "learner" else v) for k, v in r.items()
                          if k not in ("results", "steptime", "scale", "parts")} for r in rungs],
@@ -583,7 +601,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     command = " ".join(["python -m bench.harness.ladder", *(argv if argv is not None else sys.argv[1:])])
     (a.out / "report.md").write_text(markdown(report, rungs, methods, command))
     (a.out / "ladder.json").write_text(json.dumps(report, indent=1))
-    plot(rungs, cells, trends, a.out)
+    plot(sized, cells, trends, a.out)
     print(a.out / "report.md")
     return report
 

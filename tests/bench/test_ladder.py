@@ -132,6 +132,31 @@ def test_report_across_rungs(tmp_path) -> None:
         ladder.load_rung(f"small={paths['small']}:{tmp_path / 'steptime.json'}")
 
 
+def test_a_rung_apart_stands_in_the_tables_and_out_of_the_trends(tmp_path) -> None:
+    """--apart long: its rows follow the others' whatever its size, marked, and the trends fit the other two rungs
+    alone (the slope they give without it); an --apart that names no rung is refused."""
+    paths = {}
+    for name, width, shift in (("mini", 64, 0.0), ("small", 128, 0.1), ("long", 96, -0.5)):
+        finals = {k: [f + (shift if k != "random" else 0.0) for f in v] for k, v in FINALS.items()}
+        paths[name] = tmp_path / f"{name}.json"
+        paths[name].write_text(json.dumps(_results(finals, width)))
+    rungs = [f"{name}={paths[name]}" for name in ("long", "small", "mini")]
+    both = ladder.main(["--methods", "random,rho@score_len=16", "--out", str(tmp_path / "two"),
+                        "--rung", rungs[1], "--rung", rungs[2]])
+    report = ladder.main(["--methods", "random,rho@score_len=16", "--out", str(tmp_path / "out"), "--apart", "long",
+                          *[arg for rung in rungs for arg in ("--rung", rung)]])
+    assert [(r["name"], r["apart"]) for r in report["rungs"]] == [("mini", False), ("small", False), ("long", True)]
+    delta = report["trends"]["rho@score_len=16"]["delta"]
+    assert (delta["slope"], delta["n"], delta["rungs"]) == (both["trends"]["rho@score_len=16"]["delta"]["slope"], 6, 2)
+    text = (tmp_path / "out" / "report.md").read_text()
+    assert "| rho@score_len=16 | long (apart) |" in text and "Apart: long, of another shape" in text
+    assert report["cells"]["long"]["rho@score_len=16"]["diff_mean"] == pytest.approx(
+        np.mean(np.array(FINALS["rho@score_len=16"]) - 0.5 - np.array(FINALS["random"])))
+    with pytest.raises(SystemExit, match=r"--apart \['short'\]: no --rung has that name"):
+        ladder.main(["--methods", "random,rho@score_len=16", "--out", str(tmp_path / "x"), "--apart", "short",
+                     "--rung", rungs[2]])
+
+
 def test_method_shape_reads_windows_and_proxies() -> None:
     """The projection's inputs come from the method configs: windows from score_len (rho's default: whole
     sequences), proxies from proxy_layers × proxy_width (OPUS has none)."""
