@@ -62,6 +62,9 @@ POOLS = (("Debian packages' files", "horizons/cpu-tiny-2M"), ("Python wheels' fi
 """The pool table's columns, the pool most like users' data first: (label, comparison folder at cpu-tiny, 2M tokens)."""
 SIZE_METHODS = (("RHO-LOSS, 16-token windows", "rho@score_len=16"), ("ClassAct", "classact"), ("OPUS", "opus"),
                 ("oracle (online)", "oracle"))
+HORIZON_METHODS = (SIZE_METHODS[0], ("RHO-LOSS, windows, 1,200 reference steps", "rho@score_len=16@reference_steps=1200"),
+                   *SIZE_METHODS[1:])
+"""The run-length table's rows: the by-size rows and RHO-LOSS with the longer reference the longest runs add."""
 STEPTIMES = ("steptime/cpu-tiny-adamw-inrun", "steptime/cpu-tiny-adamw-loss-inrun")
 """Interleaved step-time runs under tuned AdamW on one host, searched in this order for a method."""
 
@@ -236,7 +239,7 @@ def render_horizons() -> str:
     lines = ["| method | " + " | ".join(f"{c['name']}, {c['tokens'] / 1e6:.1f}M tokens ({c['tokens_per_param']:.0f} per "
                                           "parameter)" for c in cells) + " |",
              "|---|" + "---:|" * len(cells)]
-    for label, name in SIZE_METHODS:
+    for label, name in HORIZON_METHODS:
         row = []
         for c in cells:
             r = report["rows"][c["cell"]].get(name)
