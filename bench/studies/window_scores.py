@@ -38,6 +38,7 @@ import torch
 import yaml
 from jsonargparse import ArgumentParser, Namespace
 
+from bench.studies.window_learnability import top_overlap
 from models.lit_gpt import LitGPT
 from selection_callbacks.core.costs import CostMeter
 from selection_callbacks.core.machine_load import LoadSnapshot, describe_load, other_cpu_seconds
@@ -52,11 +53,6 @@ from selection_callbacks.scoring.proxy_models import Proxy, gpt_proxy_config, pr
 from selection_callbacks.scoring.windows import score_windows
 
 TARGET_ROWS = 8  # OPUS's default target_batch_size
-
-
-def top_overlap(a: torch.Tensor, b: torch.Tensor, k: int) -> float:
-    """|top-k(a) ∩ top-k(b)| / k."""
-    return len(set(a.topk(k).indices.tolist()) & set(b.topk(k).indices.tolist())) / k
 
 
 def trained_learner(config: dict, dm: PoolDataModule, steps: int, seed: int) -> tuple[LitGPT, torch.optim.Optimizer]:
