@@ -6,8 +6,10 @@
 Paired design: seed s gives every method the same initialisation (``seed_everything``) and the
 same stream of candidate superbatches (``data.seed``). Each (method, seed) run is a ``train.py``
 subprocess; its ``metrics.json`` holds val bpb at fixed update-token intervals with training
-wall-clock. Finished runs are skipped on re-run. Writes ``results.json`` (every run's record: its curve and
-what its metrics.json holds), ``report.md`` and plots (``python -m bench.harness.report`` redraws them from
+wall-clock. Finished runs are skipped on re-run: from their run folder, or, where that is gone (a fresh clone),
+from their record in the ``results.json`` they were written to. ``results.json`` (every run's record: its curve and
+what its metrics.json holds) is rewritten as each run finishes, so a comparison committed part-way resumes where
+it stopped; ``report.md`` and plots follow at the end (``python -m bench.harness.report`` redraws them from
 results.json alone; a committed comparison keeps results.json, report.md and a README, not the runs or plots).
 
 A method name may carry selection-argument overrides for sweeps, ``name@arg=value[@arg=value]``:
@@ -236,13 +238,43 @@ def method_identity(plan: Plan, method: Method) -> str:
     return (ROOT / (method.config or "configs/method/random.yaml")).read_text() + overrides
 
 
-def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
+def identity_digest(identity: str) -> str:
+    return hashlib.sha256(identity.encode()).hexdigest()[:16]
+
+
+def recorded_runs(out: Path, config_hash: str) -> dict[tuple[str, int], dict[str, Any]]:
+    """The run records of the ``results.json`` already in ``out`` under the same config, by (method, seed); only
+    records that carry their method's identity digest (older ones are rerun)."""
+    path = out / "results.json"
+    if not path.exists():
+        return {}
+    earlier = json.loads(path.read_text())
+    if earlier.get("config_hash") != config_hash:
+        return {}
+    return {(name, r["seed"]): r for name, entry in earlier["methods"].items() for r in entry["runs"] if "identity" in r}
+
+
+def reused_record(plan: Plan, method: Method, seed: int, record: dict[str, Any]) -> dict[str, Any]:
+    """A run recorded in results.json whose folder is gone: its record, if made with the method's current identity."""
+    if record["identity"] != identity_digest(method_identity(plan, method)):
+        raise SystemExit(
+            f"[bench] {Path(plan.args.out) / 'results.json'} records a finished {method.name} seed {seed} run made with "
+            "another method config: rerun it under a name@arg=value variant, or use a new --out"
+        )
+    print(f"[bench] {method.name} seed {seed}: finished (recorded in results.json), skipped", flush=True)
+    return {k: v for k, v in record.items() if k != "step_time_ratio"}
+
+
+def run_one(plan: Plan, method: Method, seed: int, recorded_run: dict[str, Any] | None = None) -> dict[str, Any]:
     """Train (or reuse) one method-seed run and return its record for results.json.
 
-    A finished run is reused only if its recorded ``method.txt`` matches the method's current
-    config: a method config edited after its runs were made is an error, not a silent mix.
+    A finished run is reused only if its recorded ``method.txt`` (or, for a run whose folder is gone,
+    ``recorded_run``'s identity digest) matches the method's current config: a method config edited
+    after its runs were made is an error, not a silent mix.
     """
     run_dir = plan.run_dir(method, seed)
+    if recorded_run is not None and not (run_dir / "metrics.json").exists():
+        return reused_record(plan, method, seed, recorded_run)
     subset, selection_seconds = prepare_offline(plan, method, seed) if method.offline else (None, 0.0)
     prepared, one_off = prepare_online(plan, method, seed) if method.prepare else ([], 0.0)
     selection_seconds += one_off
@@ -285,6 +317,7 @@ def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
         "modelled_step_ratio": modelled_step_ratio(m),
         "machine": m.get("machine"),
         "run_dir": str(run_dir.relative_to(Path(plan.args.out))),
+        "identity": identity_digest(identity),
         **run_metrics(m),
     }
 
@@ -317,17 +350,26 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     plan.overrides = overrides
     print(f"[bench] config {plan.config_hash}: {plan.steps} steps × {plan.tokens_per_step} update tokens, "
           f"eval every {plan.eval_every} steps, seeds {seeds}", flush=True)
+    out = Path(args.out)
+    out.mkdir(parents=True, exist_ok=True)
+    recorded = recorded_runs(out, plan.config_hash)
     results: dict[str, Any] = {"commit": git_commit(), "config_hash": plan.config_hash, "config": plan.config, "methods": {}}
-    for seed in seeds:  # seed-major: a partial comparison is already paired
-        for method in methods:
-            run = run_one(plan, method, seed)
-            results["methods"].setdefault(method.name, {"offline": method.offline, "family": method.family, "runs": []})["runs"].append(run)
+    order = [(seed, method) for seed in seeds for method in methods]  # seed-major: a partial comparison is already paired
+    runs = {(seed, m.name): run_one(plan, m, seed, recorded[(m.name, seed)]) for seed, m in order
+            if (m.name, seed) in recorded and not (plan.run_dir(m, seed) / "metrics.json").exists()}
+    for seed, method in order:
+        if (seed, method.name) not in runs:
+            runs[(seed, method.name)] = run_one(plan, method, seed)
+        results["methods"] = {}
+        for s, m in order:
+            if (s, m.name) in runs:
+                entry = results["methods"].setdefault(m.name, {"offline": m.offline, "family": m.family, "runs": []})
+                entry["runs"].append(runs[(s, m.name)])
+        (out / "results.json").write_text(json.dumps(results, indent=1))
     for name, entry in results["methods"].items():
         base = {r["seed"]: r["wall_seconds"] for r in results["methods"]["random"]["runs"]}
         for r in entry["runs"]:
             r["step_time_ratio"] = r["wall_seconds"] / base[r["seed"]]
-    out = Path(args.out)
-    out.mkdir(parents=True, exist_ok=True)
     (out / "results.json").write_text(json.dumps(results, indent=1))
     write_report(results, out)
     print(f"[bench] wrote {out / 'results.json'} and {out / 'report.md'}", flush=True)

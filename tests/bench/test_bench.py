@@ -127,6 +127,35 @@ def test_rerun_skips_finished_runs(bench_run, tiny_corpus, capsys) -> None:
     assert again["methods"]["random"]["runs"][0]["curve"] == results["methods"]["random"]["runs"][0]["curve"]
 
 
+def test_a_fresh_clone_resumes_from_the_committed_results_json(bench_run, tiny_corpus, tmp_path, capsys) -> None:
+    """results.json alone (no run folders, as a clone holds it) carries finished runs; a partial one resumes."""
+    root, scale, results = bench_run
+    clone = tmp_path / "clone"
+    clone.mkdir()
+    (clone / "results.json").write_text((root / "out" / "results.json").read_text())
+    again = bench_compare.main(_args(tiny_corpus, clone, scale, "random,high_loss"))
+    out = capsys.readouterr().out
+    assert out.count("(recorded in results.json), skipped") == 4 and "training" not in out
+    assert again["methods"]["high_loss"]["runs"][1]["curve"] == results["methods"]["high_loss"]["runs"][1]["curve"]
+    partial = json.loads((root / "out" / "results.json").read_text())
+    partial["methods"] = {"random": {**partial["methods"]["random"], "runs": partial["methods"]["random"]["runs"][1:]}}
+    (clone / "results.json").write_text(json.dumps(partial))
+    resumed = bench_compare.main(_args(tiny_corpus, clone, scale, "random"))
+    out = capsys.readouterr().out
+    assert "random seed 0: training" in out and "random seed 1: finished (recorded in results.json)" in out
+    assert [r["final_val_bpb"] for r in resumed["methods"]["random"]["runs"]] == pytest.approx(
+        [r["final_val_bpb"] for r in results["methods"]["random"]["runs"]], abs=1e-6)
+
+
+def test_a_recorded_run_of_an_edited_method_config_is_refused(bench_run, tiny_corpus, tmp_path) -> None:
+    root, scale, _ = bench_run
+    recorded = json.loads((root / "out" / "results.json").read_text())
+    recorded["methods"]["high_loss"]["runs"][0]["identity"] = "0" * 16
+    (tmp_path / "results.json").write_text(json.dumps(recorded))
+    with pytest.raises(SystemExit, match="another method config"):
+        bench_compare.main(_args(tiny_corpus, tmp_path, scale, "random,high_loss"))
+
+
 def test_rerun_refuses_runs_of_an_edited_method_config(bench_run, tiny_corpus) -> None:
     root, scale, results = bench_run
     recorded = next((root / "out" / "runs").glob("*/high_loss/seed0/method.txt"))
