@@ -5,11 +5,11 @@
 
 Paired design: seed s gives every method the same initialisation (``seed_everything``) and the
 same stream of candidate superbatches (``data.seed``). Each (method, seed) run is a ``train.py``
-subprocess; its ``metrics.json`` holds val bpb at fixed update-token intervals with training
-wall-clock. Finished runs are skipped on re-run: from their run folder, or, where that is gone (a fresh clone),
-from their record in the ``results.json`` they were written to. ``results.json`` (every run's record: its curve and
-what its metrics.json holds) is rewritten as each run finishes, so a comparison committed part-way resumes where
-it stopped; ``report.md`` and plots follow at the end (``python -m bench.harness.report`` redraws them from
+subprocess (``--jobs`` of them at once); its ``metrics.json`` holds val bpb at fixed update-token intervals with
+training wall-clock. Finished runs are skipped on re-run: from their run folder, or, where that is gone (a fresh
+clone), from their record in the ``results.json`` they were written to. ``results.json`` (every run's record: its
+curve and what its metrics.json holds) is rewritten as each run finishes, so a comparison committed part-way resumes
+where it stopped; ``report.md`` and plots follow at the end (``python -m bench.harness.report`` redraws them from
 results.json alone; a committed comparison keeps results.json, report.md and a README, not the runs or plots).
 
 A method name may carry selection-argument overrides for sweeps, ``name@arg=value[@arg=value]``:
@@ -30,6 +30,7 @@ import os
 import subprocess
 import time
 from collections.abc import Callable
+from concurrent.futures import ThreadPoolExecutor, as_completed
 from pathlib import Path
 from typing import Any
 
@@ -343,6 +344,15 @@ def modelled_step_ratio(metrics: dict[str, Any]) -> float | None:
         return None
 
 
+def method_records(order: list[tuple[int, Method]], runs: dict[tuple[int, str], dict[str, Any]]) -> dict[str, Any]:
+    """results.json's ``methods``: each method's finished runs in seed order."""
+    methods: dict[str, Any] = {}
+    for seed, m in order:
+        if (seed, m.name) in runs:
+            methods.setdefault(m.name, {"offline": m.offline, "family": m.family, "runs": []})["runs"].append(runs[(seed, m.name)])
+    return methods
+
+
 def compare(args: argparse.Namespace) -> dict[str, Any]:
     methods, overrides = resolve_variants([s.strip() for s in args.methods.split(",") if s.strip()])
     seeds = parse_seeds(args.seeds)
@@ -357,15 +367,20 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     order = [(seed, method) for seed in seeds for method in methods]  # seed-major: a partial comparison is already paired
     runs = {(seed, m.name): run_one(plan, m, seed, recorded[(m.name, seed)]) for seed, m in order
             if (m.name, seed) in recorded and not (plan.run_dir(m, seed) / "metrics.json").exists()}
-    for seed, method in order:
-        if (seed, method.name) not in runs:
-            runs[(seed, method.name)] = run_one(plan, method, seed)
-        results["methods"] = {}
-        for s, m in order:
-            if (s, m.name) in runs:
-                entry = results["methods"].setdefault(m.name, {"offline": m.offline, "family": m.family, "runs": []})
-                entry["runs"].append(runs[(s, m.name)])
-        (out / "results.json").write_text(json.dumps(results, indent=1))
+    todo = [(seed, m) for seed, m in order if (seed, m.name) not in runs]
+    if args.jobs > 1:  # one-off stages run in this process, one at a time (cached), before the runs train at once
+        for seed, m in todo:
+            if m.offline:
+                prepare_offline(plan, m, seed)
+            elif m.prepare:
+                prepare_online(plan, m, seed)
+    with ThreadPoolExecutor(max_workers=args.jobs) as pool:
+        pending = {pool.submit(run_one, plan, m, seed): (seed, m.name) for seed, m in todo}
+        for done in as_completed(pending):
+            runs[pending[done]] = done.result()
+            results["methods"] = method_records(order, runs)
+            (out / "results.json").write_text(json.dumps(results, indent=1))
+    results["methods"] = method_records(order, runs)
     for name, entry in results["methods"].items():
         base = {r["seed"]: r["wall_seconds"] for r in results["methods"]["random"]["runs"]}
         for r in entry["runs"]:
@@ -391,6 +406,8 @@ def build_parser() -> ArgumentParser:
     p.add_argument("--scale", default="cpu-tiny", help="configs/scale/<name>.yaml or a YAML path")
     p.add_argument("--evals", type=int, default=10, help="validation points per run")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per run (part of the config)")
+    p.add_argument("--jobs", type=int, default=1, help="runs trained at once, each a train.py process (set --threads so "
+                   "jobs × threads fits the cores)")
     p.add_argument("--pool-name", default=None,
                    help="the pool's name: train against random tuned on it at this run's length, "
                         "configs/tuned/<scale>-<optimizer>-<pool name>-<horizon>.yaml (bench.harness.tune --pool-name); "

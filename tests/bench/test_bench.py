@@ -147,6 +147,15 @@ def test_a_fresh_clone_resumes_from_the_committed_results_json(bench_run, tiny_c
         [r["final_val_bpb"] for r in results["methods"]["random"]["runs"]], abs=1e-6)
 
 
+def test_runs_trained_at_once_match_runs_trained_one_by_one(bench_run, tiny_corpus, tmp_path) -> None:
+    root, scale, results = bench_run
+    both = bench_compare.main([*_args(tiny_corpus, tmp_path, scale, "random,high_loss"), "--jobs", "2"])
+    assert [r["seed"] for r in both["methods"]["high_loss"]["runs"]] == [0, 1]
+    for name in ("random", "high_loss"):
+        assert [r["final_val_bpb"] for r in both["methods"][name]["runs"]] == pytest.approx(
+            [r["final_val_bpb"] for r in results["methods"][name]["runs"]], abs=1e-6)
+
+
 def test_a_recorded_run_of_an_edited_method_config_is_refused(bench_run, tiny_corpus, tmp_path) -> None:
     root, scale, _ = bench_run
     recorded = json.loads((root / "out" / "results.json").read_text())
