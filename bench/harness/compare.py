@@ -344,6 +344,30 @@ def modelled_step_ratio(metrics: dict[str, Any]) -> float | None:
         return None
 
 
+def dotted(tree: dict[str, Any], prefix: str = "") -> dict[str, Any]:
+    """``{"model": {"lr": 0.003}}`` → ``{"model.lr": 0.003}``."""
+    flat: dict[str, Any] = {}
+    for key, value in tree.items():
+        flat.update(dotted(value, f"{prefix}{key}.") if isinstance(value, dict) else {f"{prefix}{key}": value})
+    return flat
+
+
+def tuning_runs(plan: Plan, point: Path) -> dict[tuple[int, str], dict[str, Any]]:
+    """Random's runs at the tuning sweep's best point (``--random-from``: a ``bench.harness.tune`` point folder), by
+    (seed, "random"): the same runs this comparison would train, since the point's flags are the tuned config's values
+    and every other setting (scale, budget, evaluation grid, data, threads) is this comparison's; anything else is
+    refused."""
+    earlier = json.loads((point / "results.json").read_text())
+    extra = earlier["config"]["extra"]
+    flags = {k.removeprefix("--"): yaml.safe_load(v) for k, v in zip(extra[::2], extra[1::2])}
+    tuned = dotted(yaml.safe_load(plan.config["tuned"]) or {}) if plan.config["tuned"] else {}
+    rest = [k for k in plan.config if k not in ("extra", "tuned") and earlier["config"].get(k) != plan.config[k]]
+    if flags != tuned or rest or plan.config["extra"]:
+        raise SystemExit(f"--random-from {point}: its runs are not this comparison's random (point {flags}, tuned "
+                         f"{tuned}; other settings that differ: {rest or 'none'}; extra flags here: {plan.config['extra']})")
+    return {(r["seed"], "random"): r for r in earlier["methods"]["random"]["runs"]}
+
+
 def method_records(order: list[tuple[int, Method]], runs: dict[tuple[int, str], dict[str, Any]]) -> dict[str, Any]:
     """results.json's ``methods``: each method's finished runs in seed order."""
     methods: dict[str, Any] = {}
@@ -367,6 +391,12 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     order = [(seed, method) for seed in seeds for method in methods]  # seed-major: a partial comparison is already paired
     runs = {(seed, m.name): run_one(plan, m, seed, recorded[(m.name, seed)]) for seed, m in order
             if (m.name, seed) in recorded and not (plan.run_dir(m, seed) / "metrics.json").exists()}
+    if args.random_from:
+        wanted = {(seed, m.name) for seed, m in order}
+        for key, run in tuning_runs(plan, Path(args.random_from)).items():
+            if key in wanted and key not in runs:
+                print(f"[bench] random seed {key[0]}: the sweep's run in {args.random_from}, reused", flush=True)
+                runs[key] = {k: v for k, v in run.items() if k != "step_time_ratio"}
     todo = [(seed, m) for seed, m in order if (seed, m.name) not in runs]
     if args.jobs > 1:  # one-off stages run in this process, one at a time (cached), before the runs train at once
         for seed, m in todo:
@@ -416,6 +446,8 @@ def build_parser() -> ArgumentParser:
                    help="run without configs/tuned/<scale>-<optimizer>.yaml (the report says the baseline is untuned)")
     p.add_argument("--no-tuned", action="store_true",
                    help="leave configs/tuned out even where it exists (bench.harness.tune's sweeps set every value themselves)")
+    p.add_argument("--random-from", default=None, help="a bench.harness.tune point folder: random's runs are its "
+                   "runs where their settings are this comparison's (the sweep's best point trained them already)")
     p.add_argument("--out", required=True, help="folder of the runs, results.json, report.md and the plots")
     p.add_argument("extra", nargs="*", default=[], help="extra train.py flags after --, e.g. -- --model.lr 0.002")
     return p

@@ -526,6 +526,14 @@ def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus,
         [a for a in _args(tiny_corpus, tmp_path / "o", scale, "random") if a != "--allow-untuned"]))
     cmd = plan.train_command(REGISTRY["random"], 0, None)
     assert cmd[cmd.index(str(tuned)) - 1] == "--config" and "lr: 0.01" in bench_report.tuning_line(plan.config)
+    argv = [a for a in _args(tiny_corpus, tmp_path / "cell", scale, "random,high_loss") if a != "--allow-untuned"]
+    argv[argv.index("--evals") + 1] = "2"
+    cell = bench_compare.main([*argv, "--random-from", out["best"]["folder"]])  # the winner's runs are random's
+    assert {r["seed"]: r["final_val_bpb"] for r in cell["methods"]["random"]["runs"]} == out["best"]["bpb"]
+    assert len(list((tmp_path / "cell" / "runs").glob("*/random/seed*"))) == 0
+    tuned.write_text("model:\n  lr: 0.5\n")
+    with pytest.raises(SystemExit, match="not this comparison's random"):
+        bench_compare.main([*argv, "--random-from", out["best"]["folder"]])
 
 
 
