@@ -266,16 +266,13 @@ def reused_record(plan: Plan, method: Method, seed: int, record: dict[str, Any])
     return {k: v for k, v in record.items() if k != "step_time_ratio"}
 
 
-def run_one(plan: Plan, method: Method, seed: int, recorded_run: dict[str, Any] | None = None) -> dict[str, Any]:
+def run_one(plan: Plan, method: Method, seed: int) -> dict[str, Any]:
     """Train (or reuse) one method-seed run and return its record for results.json.
 
-    A finished run is reused only if its recorded ``method.txt`` (or, for a run whose folder is gone,
-    ``recorded_run``'s identity digest) matches the method's current config: a method config edited
-    after its runs were made is an error, not a silent mix.
+    A finished run is reused only if its recorded ``method.txt`` matches the method's current
+    config: a method config edited after its runs were made is an error, not a silent mix.
     """
     run_dir = plan.run_dir(method, seed)
-    if recorded_run is not None and not (run_dir / "metrics.json").exists():
-        return reused_record(plan, method, seed, recorded_run)
     subset, selection_seconds = prepare_offline(plan, method, seed) if method.offline else (None, 0.0)
     prepared, one_off = prepare_online(plan, method, seed) if method.prepare else ([], 0.0)
     selection_seconds += one_off
@@ -389,7 +386,7 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
     recorded = recorded_runs(out, plan.config_hash)
     results: dict[str, Any] = {"commit": git_commit(), "config_hash": plan.config_hash, "config": plan.config, "methods": {}}
     order = [(seed, method) for seed in seeds for method in methods]  # seed-major: a partial comparison is already paired
-    runs = {(seed, m.name): run_one(plan, m, seed, recorded[(m.name, seed)]) for seed, m in order
+    runs = {(seed, m.name): reused_record(plan, m, seed, recorded[(m.name, seed)]) for seed, m in order
             if (m.name, seed) in recorded and not (plan.run_dir(m, seed) / "metrics.json").exists()}
     if args.random_from:
         wanted = {(seed, m.name) for seed, m in order}
