@@ -26,7 +26,7 @@ from selection_callbacks.nn.optim import build_optimizer  # noqa: E402
 from selection_callbacks.scoring.ghost.engine import GhostEngine  # noqa: E402
 from selection_callbacks.scoring.ghost.roots import Roots  # noqa: E402
 from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps  # noqa: E402
-from tests.support.per_sample_gradients import brute_force, per_sample_grads  # noqa: E402
+from tests.support.per_sample_gradients import assert_utilities_match, brute_force, per_sample_grads  # noqa: E402
 
 ROOT = Path(__file__).resolve().parents[2]
 ARCHITECTURES = ["llama", "mistral", "qwen2", "qwen3", "gpt2", "gpt-neox", "olmo2", "phi3", "gemma2"]
@@ -57,15 +57,6 @@ def _trained(lit: LitCausalLM, optimizer: str, steps: int = 2) -> torch.optim.Op
     return opt
 
 
-def _assert_matches(got, want: dict[str, torch.Tensor]) -> None:
-    assert list(got.layer_utilities) == list(want)
-    for layer, u in want.items():
-        torch.testing.assert_close(got.layer_utilities[layer], u, rtol=1e-4, atol=1e-5 * float(u.abs().max()), msg=layer)
-    total = sum(want.values())
-    torch.testing.assert_close(got.utilities, total, rtol=1e-4, atol=1e-6 * float(total.abs().max()))
-    assert float(total.abs().min()) > 0
-
-
 @pytest.mark.parametrize("method, optimizer", [("opus", "adamw"), ("opus", "muon"), ("greats", "adamw")])
 @pytest.mark.parametrize("name", ARCHITECTURES)
 def test_method_utilities_match_per_sample_gradients(name: str, method: str, optimizer: str) -> None:
@@ -84,7 +75,7 @@ def test_method_utilities_match_per_sample_gradients(name: str, method: str, opt
         got = selection.engine.score(lit.per_sample_loss, batch, N_CAND, maps)
         layers = [(n, m) for n, m in selection.engine.layers if n not in got.shared]
         want, _ = brute_force(lit.model, G, maps, layers, N_CAND)
-        _assert_matches(got, want)
+        assert_utilities_match(got, want)
         kinds = {type(m).__name__ for _, m in layers}
         assert ".mlp." in " ".join(got.layer_utilities) and (every_layer == any("Embedding" in k for k in kinds))
 
@@ -140,7 +131,7 @@ def test_a_padding_row_takes_no_gradient() -> None:
     engine = GhostEngine(lit.model, include_embedding=True)
     got = engine.score(lit.per_sample_loss, batch, N_CAND, maps)
     want, _ = brute_force(lit.model, per_sample_grads(lit.model, batch), maps, engine.layers, N_CAND)
-    _assert_matches(got, want)
+    assert_utilities_match(got, want)
 
 
 class _ShiftedEmbedding(nn.Embedding):

@@ -45,3 +45,16 @@ def brute_force(
             utilities[layer] += (g[:n_cand] * P.utility_vector(gbar)[0]).flatten(1).sum(1)
             sq += P.apply(g[None, :n_cand])[0].flatten(1).pow(2).sum(1)
     return utilities, sq
+
+
+def assert_utilities_match(got, want: dict[str, torch.Tensor]) -> None:
+    """The engine's scores ``got`` (a GhostScores) equal the brute force's per-layer utilities ``want``, layer by
+    layer and in total. A row's total may cancel to near zero across layers, so the total's tolerance is the sum of
+    the layers' (each 1e-5 of its largest magnitude), never a share of the total itself."""
+    assert list(got.layer_utilities) == list(want)
+    for layer, u in want.items():
+        torch.testing.assert_close(got.layer_utilities[layer], u, rtol=1e-4, atol=1e-5 * float(u.abs().max()), msg=layer)
+    total = sum(want.values())
+    budget = sum(1e-5 * float(u.abs().max()) for u in want.values())
+    torch.testing.assert_close(got.utilities, total, rtol=1e-4, atol=budget)
+    assert float(total.abs().min()) > budget  # no row's total is lost in the tolerance
