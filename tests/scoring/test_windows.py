@@ -109,3 +109,16 @@ def test_ghost_utilities_in_context_are_per_sample_gradients_of_the_windows_loss
         want += (G[full][:n] * maps([live[full]], gbar[None]).utility_vector(gbar[None])[0]).flatten(1).sum(1)
     torch.testing.assert_close(got.utilities, want, rtol=1e-4, atol=1e-6 * float(want.abs().max()))
     assert float(want.abs().min()) > 0
+
+
+@pytest.mark.parametrize("context", [False, True])
+def test_each_rank_cuts_its_candidates_the_windows_of_the_global_rows(context: bool) -> None:
+    """Under DDP rank r's N rows get the windows that one process cutting all W·N rows gives them (proxies that train
+    on the global rows see the windows each rank scored)."""
+    world, n, every = 3, 4, rows(12)
+    whole = score_windows(every, L, torch.Generator().manual_seed(5), context=context)
+    for rank in range(world):
+        mine = {k: v[rank * n : (rank + 1) * n] for k, v in every.items()}
+        cut = score_windows(mine, L, torch.Generator().manual_seed(5), rank, world, context=context)
+        for key, value in cut.items():
+            assert torch.equal(value, whole[key][rank * n : (rank + 1) * n]), key

@@ -11,9 +11,11 @@ import torch.nn as nn
 from typing_extensions import override
 
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss
+from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.methods.bases.proxy import ProxySelection
 from selection_callbacks.scoring.losses import learner_losses
+from selection_callbacks.scoring.windows import score_windows
 
 
 class ClassActSelection(ProxySelection):
@@ -48,6 +50,11 @@ class ClassActSelection(ProxySelection):
     learner's precision, and are saved with the callback's state (weights, optimizer states, step
     counters).
 
+    With ``score_len`` = L every model scores the same seeded random L-token window of each candidate
+    (RHO-LOSS's windows: [N, L] rows instead of [N, T]) and the online proxies train on those windows of their
+    rows (the actor on the K selected ones, the report's reference on all N), so every proxy pass reads L/T of
+    the tokens and the proxies learn the windows they score.
+
     Example::
 
         trainer = L.Trainer(callbacks=[ClassActSelection(ratio=1 / 3, variant="report")])
@@ -67,6 +74,8 @@ class ClassActSelection(ProxySelection):
         proxy_heads: their attention heads; set it when ``proxy_width`` is not a multiple of 4.
         proxy_lr: learning rate of the online proxy.
         reference_lr_scale: the reference learns at this multiple of ``proxy_lr``.
+        score_len: score (and train the online proxies on) a seeded random window of this many tokens per
+            candidate (None: the whole sequence): set it to cut the proxies' passes when T is long.
         sampling: ``"top_k"`` or ``"gumbel"``: set ``"gumbel"`` to draw K by score rather than take the top K.
         temperature: Gumbel-top-K temperature in nats.
         seed: selection seed; also draws the proxies' initial weights and pretraining batches.
@@ -91,6 +100,7 @@ class ClassActSelection(ProxySelection):
         proxy_heads: int = 4,
         proxy_lr: float = 1e-3,
         reference_lr_scale: float = 2.0,
+        score_len: int | None = None,
         sampling: Literal["top_k", "gumbel"] = "top_k",
         temperature: float = 1.0,
         seed: int = 0,
@@ -112,6 +122,8 @@ class ClassActSelection(ProxySelection):
                 "folder or a train.py checkpoint; reference_steps > 0 to pretrain one on the target split; or "
                 "reference_steps=0 with build_proxy() overridden to return a trained one"
             )
+        if score_len is not None and score_len < 1:
+            raise ValueError(f"score_len must be ≥ 1 or None (the whole sequence), got {score_len}")
         if not (proxy_lr > 0 and reference_lr_scale > 0):
             raise ValueError(f"proxy_lr and reference_lr_scale must be > 0, got {proxy_lr}, {reference_lr_scale}")
         super().__init__(
@@ -123,6 +135,7 @@ class ClassActSelection(ProxySelection):
         self.variant = variant
         self.online = online
         self.proxy_lr, self.reference_lr_scale = proxy_lr, reference_lr_scale
+        self.score_len = score_len
         self._mean_losses: tuple[float, float] | None = None
 
     @override
@@ -139,8 +152,21 @@ class ClassActSelection(ProxySelection):
         elif self.online == "proxy":
             self.add_proxy(trainer, pl_module, "online", self.build_proxy(trainer, pl_module, "online"), self.proxy_lr)
 
+    def windows(self, trainer: L.Trainer, rows: MutableMapping, batch_idx: int, global_rows: bool) -> MutableMapping:
+        """``rows`` cut to the micro-batch's seeded ``score_len`` windows (``rows`` itself without ``score_len``).
+
+        ``global_rows``: ``rows`` are the global W·N candidates (``SelectionRecord.batch``), else this rank's N; a
+        candidate gets the same window either way.
+        """
+        if self.score_len is None:
+            return rows
+        gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
+        rank, world_size = (0, 1) if global_rows else (trainer.global_rank, trainer.world_size)
+        return score_windows(rows, self.score_len, gen, rank, world_size)
+
     @override
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:
+        batch = self.windows(trainer, batch, batch_idx, global_rows=False)
         if self.online == "proxy":
             online = self.proxies["online"].losses(batch)
         else:
@@ -154,7 +180,7 @@ class ClassActSelection(ProxySelection):
 
     @override
     def after_selection(self, trainer: L.Trainer, pl_module: L.LightningModule, record: SelectionRecord) -> None:
-        rows = record.batch
+        rows = self.windows(trainer, record.batch, record.micro_batch, global_rows=True)
         with trainer.precision_plugin.train_step_context():
             if self.online == "proxy":
                 self.proxies["online"].train_step({key: v[record.selected.to(v.device)] for key, v in rows.items()})

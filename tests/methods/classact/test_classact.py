@@ -13,11 +13,13 @@ from lightning.pytorch.callbacks import ModelCheckpoint
 
 from models.lit_gpt import LitGPT
 from selection_callbacks.core.costs import CostMeter
+from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.methods import ClassActSelection
 from selection_callbacks.nn.gpt import GPTConfig
 from selection_callbacks.scoring.proxy_models import Proxy, seeded_proxy
 from selection_callbacks.scoring.reference import load_reference
+from selection_callbacks.scoring.windows import score_windows
 from tests.support.learnability import SEQ_LEN, assert_learnability_order, trained_models
 
 TINY_PROXY = {"proxy_layers": 1, "proxy_width": 32, "proxy_heads": 2}
@@ -102,6 +104,36 @@ def test_report_variant_trains_both_proxies_on_their_rows(tiny_corpus) -> None:
         replay.train_step(pool.splits["pool"].batch(ids))
         for key, value in replay.module.state_dict().items():
             torch.testing.assert_close(seen.weights[0][name][key], value)
+
+
+def test_windows_are_scored_and_trained_on_alike(tiny_corpus) -> None:
+    """score_len = 8: both proxies score each candidate's seeded 8-token window and train on those windows (the
+    online proxy on the K selected, the reference on all N); every proxy pass reads 8 tokens a row."""
+    selector = ClassActSelection(ratio=0.5, variant="report", proxy_lr=2e-3, seed=4, score_len=8, **TINY_PROXY)
+    seen = _fit(tiny_corpus, selector, steps=2)
+    pool = PoolDataModule(tiny_corpus["pool"], tiny_corpus["target"], tiny_corpus["val"], seq_len=SEQ_LEN,
+                          progress=False)
+    pool.setup()
+    config = selector.proxies["online"].module.config
+    replay = {name: Proxy(name, seeded_proxy(config, 4, "proxy"), CostMeter(), lr=lr)
+              for name, lr in [("online", 2e-3), ("reference", 4e-3)]}
+    for step in range(2):
+        gen = micro_batch_generator(selector.seed, 0, step, "window")
+        windows = score_windows(pool.splits["pool"].batch(seen.candidates[step]), 8, gen)
+        assert windows["input_ids"].shape == (32, 8)
+        with torch.no_grad():
+            want = replay["online"].losses(windows) - replay["reference"].losses(windows)
+        torch.testing.assert_close(seen.scores[step], want.float(), rtol=1e-4, atol=1e-5)
+        kept = torch.tensor([seen.candidates[step].index(i) for i in seen.ids[step]])
+        replay["online"].train_step({k: v[kept] for k, v in windows.items()})
+        replay["reference"].train_step(windows)
+        for name, proxy in replay.items():
+            for key, value in proxy.module.state_dict().items():
+                torch.testing.assert_close(seen.weights[step][name][key], value)
+    step = seen.metrics[-1]
+    assert step["select/cost/online_fwd_tokens"] == (32 + 16) * 8 and step["select/cost/reference_bwd_tokens"] == 32 * 8
+    with pytest.raises(ValueError, match="score_len must be ≥ 1"):
+        ClassActSelection(score_len=0)
 
 
 def test_report_variant_cost_accounting(tiny_corpus) -> None:
