@@ -3,6 +3,9 @@
     python -m bench.harness.equal_wall bench/results/cpu-tiny-b64-muon/results.json \
         bench/results/steptime/cpu-tiny-b64-muon/steptime.json --out bench/results/cpu-tiny-b64-muon/equal_wall.md
 
+Several step-time files of one scale (a method timed later against its own random) are read as one
+(:func:`read_steptimes`).
+
 A comparison's own wall-clock is only as fair as the machine was quiet while each run trained
 (runs made at different times, or side by side, see different load). ``bench.harness.steptime`` measures
 each method's step time against random's in one interleaved run instead. With that ratio r (the
@@ -44,6 +47,38 @@ def value_at(curve: list[list[float]], tokens: float) -> float:
     return float(np.interp(tokens, xs, ys))
 
 
+def read_steptimes(paths: list[Path]) -> dict[str, Any]:
+    """Several ``bench.harness.steptime`` runs of one scale, optimizer, ratio and step as one steptime.json.
+
+    Each method keeps the run that timed it against random: its in-run ratio is its own, and an entry from a later
+    file carries that file's random as ``timed_random`` (its step time and start-up, which :func:`one_off_fraction`
+    charges against). The first file's random and config stand for the rest.
+
+    Raises:
+        SystemExit: the files differ in scale, optimizer, ratio or update tokens per step, or two time one method
+            other than random.
+
+    Example::
+
+        read_steptimes([Path("steptime/steptime.json"), Path("steptime-classact-windows/steptime.json")])
+    """
+    first, *rest = [json.loads(p.read_text()) for p in paths]
+    merged = {**first, "methods": dict(first["methods"]), "files": [str(p) for p in paths]}
+    for path, timed in zip(paths[1:], rest):
+        for key in ("scale", "optimizer", "ratio", "tokens_per_step"):
+            if timed["config"].get(key) != first["config"].get(key):
+                raise SystemExit(f"{path} timed {key} {timed['config'].get(key)}, {paths[0]} "
+                                 f"{first['config'].get(key)}: give step-time files of one shape")
+        random = {k: v for k, v in timed["methods"]["random"].items() if k != "runs"}
+        for name, entry in timed["methods"].items():
+            if name == "random":
+                continue
+            if name in merged["methods"]:
+                raise SystemExit(f"{name} is timed in {path} and an earlier file: give each method one step-time run")
+            merged["methods"][name] = {**entry, "timed_random": random}
+    return merged
+
+
 def equal_wall(results: dict[str, Any], steptime: dict[str, Any]) -> dict[str, dict[str, Any]]:
     """Per method timed in ``steptime``: bpb at random's wall-clock (paired) and wall-clock to random's final bpb."""
     if "random" not in results["methods"] or "random" not in steptime["methods"]:
@@ -81,17 +116,19 @@ def step_time_ratio(timed: dict[str, Any]) -> float:
 
 def one_off_fraction(run: dict[str, Any], base: dict[str, Any], name: str, steptime: dict[str, Any]) -> float:
     """f = in-run start-up / random's run in the quiet timing + prepare seconds / random's wall-clock in the comparison."""
-    timed, random = steptime["methods"][name], steptime["methods"]["random"]
+    timed = steptime["methods"][name]
+    random = timed.get("timed_random", steptime["methods"]["random"])
     startup = max(timed.get("fixed_seconds_median", 0.0) - random.get("fixed_seconds_median", 0.0), 0.0)
     random_seconds = random["step_ms_median"] / 1000 * base["curve"][-1][0] / steptime["config"]["tokens_per_step"]
     return startup / random_seconds + run.get("one_off_seconds", 0.0) / base["wall_seconds"]
 
 
-def markdown(summary: dict[str, dict[str, Any]], results_path: Path, steptime_path: Path) -> str:
+def markdown(summary: dict[str, dict[str, Any]], results_path: Path, steptime_paths: list[Path]) -> str:
     lines = [
         "# Equal wall-clock against random",
         "",
-        f"Curves from `{results_path}`, step-time ratios from `{steptime_path}` (in-run where it has them; "
+        f"Curves from `{results_path}`, step-time ratios from {', '.join(f'`{p}`' for p in steptime_paths)} "
+        "(in-run where they have them; "
         "`python -m bench.harness.equal_wall`). "
         "Δ: val bpb at random's full wall-clock minus random's final bpb, paired by seed (negative is better).",
         "",
@@ -111,17 +148,19 @@ def build_parser() -> ArgumentParser:
     """The ``bench.harness.equal_wall`` arguments."""
     p = ArgumentParser(prog="python -m bench.harness.equal_wall", description=__doc__.split("\n\n")[0])
     p.add_argument("results", type=Path, help="a bench.harness.compare results.json")
-    p.add_argument("steptime", type=Path, help="a bench.harness.steptime steptime.json of the same scale and optimizer")
+    p.add_argument("steptime", type=Path, nargs="+",
+                   help="bench.harness.steptime steptime.json files of the same scale and optimizer")
     p.add_argument("--out", type=Path, help="write the table here (default: print it)")
     return p
 
 
 def main(argv: list[str] | None = None) -> dict[str, dict[str, Any]]:
     a = build_parser().parse_args(argv)
-    results, steptime = json.loads(a.results.read_text()), json.loads(a.steptime.read_text())
+    results, steptime = json.loads(a.results.read_text()), read_steptimes(a.steptime)
     for key in ("optimizer", "ratio"):
         if key in steptime.get("config", {}) and steptime["config"][key] != results["config"][key]:
-            raise SystemExit(f"{key} differs: {results['config'][key]} in {a.results}, {steptime['config'][key]} in {a.steptime}")
+            raise SystemExit(f"{key} differs: {results['config'][key]} in {a.results}, {steptime['config'][key]} in "
+                             f"{a.steptime[0]}")
     summary = equal_wall(results, steptime)
     text = markdown(summary, a.results, a.steptime)
     if a.out:

@@ -63,13 +63,13 @@ def with_derived_timings(steptime: dict[str, Any], methods: list[str]) -> dict[s
     """The step-time file with an entry for each ``@reference_steps=R`` variant whose base it timed: the base's step
     ratio, its start-up over random's scaled by R / the base's reference steps."""
     out = copy.deepcopy(steptime)
-    random_startup = out["methods"]["random"].get("fixed_seconds_median", 0.0)
     for name in methods:
         derived = base_variant(name)
         if name in out["methods"] or derived is None or derived[0] not in out["methods"]:
             continue
         base, steps = derived
         entry = copy.deepcopy(out["methods"][base])
+        random_startup = entry.get("timed_random", out["methods"]["random"]).get("fixed_seconds_median", 0.0)
         scale = steps / method_settings(base)["reference_steps"]
         entry["fixed_seconds_median"] = random_startup + scale * (entry.get("fixed_seconds_median", 0.0) - random_startup)
         entry["derived_from"] = {"method": base, "startup_scale": scale}

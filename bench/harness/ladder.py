@@ -6,8 +6,8 @@
         --rung cpu-tiny=$R/default-adamw/results.json:$R/ladder/steptime-cpu-tiny/steptime.json \
         --rung cpu-small=$R/ladder/cpu-small/results.json:$R/ladder/steptime-cpu-small/steptime.json --out $R/ladder
 
-A rung is ``NAME=RESULTS[:STEPTIME]``: its scale's name, a ``bench.harness.compare`` results.json and, where one
-was measured, a ``bench.harness.steptime`` steptime.json of that scale and the comparison's optimizer (without it the step and equal-wall
+A rung is ``NAME=RESULTS[:STEPTIME[,STEPTIME...]]``: its scale's name, a ``bench.harness.compare`` results.json and,
+where measured, the ``bench.harness.steptime`` steptime.json files of that scale and the comparison's optimizer (without it the step and equal-wall
 columns read "not measured"). Per rung it counts the learner's parameters from the scale the runs trained with
 (results.json's ``config.scale``) and the update tokens per parameter. Per rung and method:
 
@@ -49,7 +49,7 @@ from jsonargparse import ArgumentParser
 
 from bench.harness.compare import scale_config, split_variant
 from bench.harness.cost_model import Shape, attention_flops_per_token, flops_per_token, projected_cost, proxy_config
-from bench.harness.equal_wall import equal_wall, step_time_ratio
+from bench.harness.equal_wall import equal_wall, read_steptimes, step_time_ratio
 from bench.harness.intervals import t_half_width
 from bench.harness.methods import REGISTRY
 from bench.harness.report import fmt_relative, fmt_value, paired_test
@@ -66,13 +66,14 @@ LOSS_TOLERANCE = 0.1
 extra cost is passes the model counts)."""
 
 
-def parse_rung(text: str) -> tuple[str, Path, Path | None]:
-    """``"cpu-mini=a/results.json:b/steptime.json"`` → ``("cpu-mini", a/results.json, b/steptime.json)``."""
+def parse_rung(text: str) -> tuple[str, Path, list[Path]]:
+    """``"cpu-mini=a/results.json:b/steptime.json"`` → ``("cpu-mini", a/results.json, [b/steptime.json])``; several
+    step-time files of the rung are comma-separated (:func:`bench.harness.equal_wall.read_steptimes`)."""
     name, sep, files = text.partition("=")
-    results, _, steptime = files.partition(":")
+    results, _, steptimes = files.partition(":")
     if not sep or not name or not results:
-        raise SystemExit(f"--rung {text!r}: expected NAME=RESULTS[:STEPTIME]")
-    return name, Path(results), Path(steptime) if steptime else None
+        raise SystemExit(f"--rung {text!r}: expected NAME=RESULTS[:STEPTIME[,STEPTIME...]]")
+    return name, Path(results), [Path(p) for p in steptimes.split(",") if p]
 
 
 def learner_config(scale: dict[str, Any]) -> GPTConfig:
@@ -90,25 +91,29 @@ def count_params(config: GPTConfig) -> int:
         return GPT(config).num_params()
 
 
-def folder_file(steptime_path: Path | None, name: str) -> dict[str, Any] | None:
-    """A JSON file beside a rung's steptime.json (its calibration ``pass_timing.json``, its ``ghost_parts.json``)."""
-    path = steptime_path and steptime_path.parent / name
-    return json.loads(path.read_text()) if path and path.exists() else None
+def folder_files(steptime_paths: list[Path], name: str) -> dict[str, Any] | None:
+    """The JSON files ``name`` beside a rung's steptime.json files (its calibration ``pass_timing.json``, its
+    ``ghost_parts.json``), their ``methods`` in one (None where no folder holds one)."""
+    found = [json.loads(p.read_text()) for p in (s.parent / name for s in steptime_paths) if p.exists()]
+    if not found:
+        return None
+    return {**found[0], "methods": {k: v for f in found for k, v in (f.get("methods") or {}).items()}}
 
 
 def load_rung(text: str) -> dict[str, Any]:
     """A rung's files, scale, learner, parameters and update tokens per parameter."""
-    name, results_path, steptime_path = parse_rung(text)
+    name, results_path, steptime_paths = parse_rung(text)
     results = json.loads(results_path.read_text())
-    steptime = json.loads(steptime_path.read_text()) if steptime_path else None
-    timing, parts = (folder_file(steptime_path, file) for file in ("pass_timing.json", "ghost_parts.json"))
+    steptime = read_steptimes(steptime_paths) if steptime_paths else None
+    timing, parts = (folder_files(steptime_paths, file) for file in ("pass_timing.json", "ghost_parts.json"))
     for key, trained in (("optimizer", results["config"]["optimizer"]), ("scale", name)):
         if steptime and steptime["config"].get(key) != trained:
-            raise SystemExit(f"{name}: {steptime_path} timed {key} {steptime['config'].get(key)}, not {trained}")
+            raise SystemExit(f"{name}: {steptime_paths[0]} timed {key} {steptime['config'].get(key)}, not {trained}")
     scale = yaml.safe_load(results["config"]["scale"])
     learner = learner_config(scale)
     params = count_params(learner)
-    return {"name": name, "results_path": str(results_path), "steptime_path": steptime_path and str(steptime_path),
+    return {"name": name, "results_path": str(results_path),
+            "steptime_path": ", ".join(str(p) for p in steptime_paths) or None,
             "results": results, "steptime": steptime, "timing": timing, "parts": parts, "scale": scale,
             "learner": learner, "params": params,
             "tokens": results["config"]["tokens"], "tokens_per_param": results["config"]["tokens"] / params}

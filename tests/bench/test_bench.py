@@ -360,6 +360,21 @@ def test_equal_wall_uses_the_interleaved_step_time_ratio(tmp_path) -> None:
     with pytest.raises(SystemExit, match="optimizer differs"):
         equal_wall_main([str(tmp_path / "r.json"), str(tmp_path / "s.json")])
 
+    # m timed in a later run against that run's random: its own ratio, its start-up charged against that random
+    steptime["config"]["optimizer"] = "muon"
+    first = {"config": steptime["config"], "methods": {"random": {**steptime["methods"]["random"], "step_ms_median": 100.0}}}
+    (tmp_path / "first.json").write_text(json.dumps(first))
+    (tmp_path / "s.json").write_text(json.dumps(steptime))
+    later = equal_wall_main([str(tmp_path / "r.json"), str(tmp_path / "first.json"), str(tmp_path / "s.json")])["m"]
+    assert later["step_time_ratio"] == 1.25
+    assert later["wall_to_random_charged"] == pytest.approx(s["wall_to_random_charged"])  # 3 s over 0.2 s steps, not 0.1
+    with pytest.raises(SystemExit, match="m is timed in .* and an earlier file"):
+        equal_wall_main([str(tmp_path / "r.json"), str(tmp_path / "s.json"), str(tmp_path / "s.json")])
+    first["config"] = {**first["config"], "tokens_per_step": 20}
+    (tmp_path / "first.json").write_text(json.dumps(first))
+    with pytest.raises(SystemExit, match="timed tokens_per_step 10, .* 20: give step-time files of one shape"):
+        equal_wall_main([str(tmp_path / "r.json"), str(tmp_path / "first.json"), str(tmp_path / "s.json")])
+
 
 def test_bench_ghost_naive_baseline_scores_what_the_engine_scores() -> None:
     """The fair baseline: vmap(grad) per-sample gradients, the same live AdamW map, the same utilities."""
