@@ -343,11 +343,13 @@ def ladder_lines(rungs: list[dict[str, Any]], cells: dict[str, dict[str, Any]], 
              "oracle Δ | step × | wall to random's bpb, one-offs amortised | one-offs charged |",
              "|---|---|---:|---|---|---|---|---:|---:|---:|---:|---:|"]
     for name in methods:
+        sized = any(cells[r["name"]][name] is not None for r in rungs if not r.get("apart"))
         for rung in rungs:
             c = cells[rung["name"]][name]
             head = f"| {name} | {rung_label(rung)} | {rung['params']:,} |"
             if c is None:
-                lines.append(f"{head} not run |" + " |" * 8)
+                if sized:  # a method that only apart rungs ran has rows where it ran
+                    lines.append(f"{head} not run |" + " |" * 8)
                 continue
             lo, hi = c["ci"]
             step = NOT_MEASURED if c["step"] is None else f"{c['step']:.2f}" + ("" if c["in_run"] else " (run vs run)")
@@ -381,6 +383,8 @@ def trend_lines(trends: dict[str, dict[str, Any]], rungs: int) -> list[str]:
     lines = ["| method | Δ per decade of parameters ± SE [95%], every seed | Δ per decade, rung means | "
              "step × per decade ± SE [95%], every repeat |", "|---|---|---|---|"]
     for name, t in trends.items():
+        if not t["delta"]["rungs"]:  # run on apart rungs only
+            continue
         lines.append(f"| {name} | {slope_text(t['delta'], '+.4f')} | {slope_text(t['delta_means'], '+.4f')} | "
                      f"{slope_text(t['step'], '+.3f')} |")
     return lines + ["", f"Least-squares lines against log₁₀ parameters. The ladder has {rungs} sizes: the first "

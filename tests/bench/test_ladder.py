@@ -138,18 +138,24 @@ def test_a_rung_apart_stands_in_the_tables_and_out_of_the_trends(tmp_path) -> No
     paths = {}
     for name, width, shift in (("mini", 64, 0.0), ("small", 128, 0.1), ("long", 96, -0.5)):
         finals = {k: [f + (shift if k != "random" else 0.0) for f in v] for k, v in FINALS.items()}
+        if name == "long":  # a variant only the long rung ran
+            finals["rho@score_len=16@reference_steps=75"] = finals["rho@score_len=16"]
         paths[name] = tmp_path / f"{name}.json"
         paths[name].write_text(json.dumps(_results(finals, width)))
     rungs = [f"{name}={paths[name]}" for name in ("long", "small", "mini")]
     both = ladder.main(["--methods", "random,rho@score_len=16", "--out", str(tmp_path / "two"),
                         "--rung", rungs[1], "--rung", rungs[2]])
-    report = ladder.main(["--methods", "random,rho@score_len=16", "--out", str(tmp_path / "out"), "--apart", "long",
+    report = ladder.main(["--methods", "random,rho@score_len=16,rho@score_len=16@reference_steps=75", "--out",
+                          str(tmp_path / "out"), "--apart", "long",
                           *[arg for rung in rungs for arg in ("--rung", rung)]])
     assert [(r["name"], r["apart"]) for r in report["rungs"]] == [("mini", False), ("small", False), ("long", True)]
     delta = report["trends"]["rho@score_len=16"]["delta"]
     assert (delta["slope"], delta["n"], delta["rungs"]) == (both["trends"]["rho@score_len=16"]["delta"]["slope"], 6, 2)
     text = (tmp_path / "out" / "report.md").read_text()
     assert "| rho@score_len=16 | long (apart) |" in text and "Apart: long, of another shape" in text
+    assert "| rho@score_len=16@reference_steps=75 | long (apart) |" in text  # its one row: no "not run" rows
+    assert "| rho@score_len=16@reference_steps=75 | mini |" not in text
+    assert "| rho@score_len=16@reference_steps=75 | – (0 points" not in text  # and no trend
     assert report["cells"]["long"]["rho@score_len=16"]["diff_mean"] == pytest.approx(
         np.mean(np.array(FINALS["rho@score_len=16"]) - 0.5 - np.array(FINALS["random"])))
     with pytest.raises(SystemExit, match=r"--apart \['short'\]: no --rung has that name"):
