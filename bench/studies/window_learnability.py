@@ -29,12 +29,12 @@ from jsonargparse import ArgumentParser, Namespace
 
 from selection_callbacks.core.costs import CostMeter
 from selection_callbacks.core.rank_correlation import spearman
-from selection_callbacks.core.rng import derived_seed, micro_batch_generator
+from selection_callbacks.core.rng import derived_seed
 from selection_callbacks.data.datamodule import PoolDataModule
 from selection_callbacks.nn.gpt import GPT, GPTConfig
 from selection_callbacks.scoring.losses import mean_token_losses, per_sample_loss
 from selection_callbacks.scoring.proxy_models import Proxy, pretrain_on_target, seeded_proxy
-from selection_callbacks.scoring.windows import score_windows
+from selection_callbacks.scoring.windows import candidate_windows
 
 N, K = 32, 16
 
@@ -106,7 +106,7 @@ def measure(a: Namespace, argv: list[str] | None) -> dict:
             batch = pool.batch(ids)
             full.append(learner_losses(learner, batch) - reference_losses(reference, batch))
             for w in windows:
-                part = score_windows(batch, w, micro_batch_generator(a.seed, 0, i, "window"))
+                part = candidate_windows(batch, w, a.seed, 0, i)
                 cut[w].append(learner_losses(learner, part) - reference_losses(reference, part))
         learner.train()
         for w in windows:

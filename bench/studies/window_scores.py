@@ -50,7 +50,7 @@ from selection_callbacks.nn.optim import build_optimizer, warmup_cosine
 from selection_callbacks.scoring.ghost.engine import GhostEngine
 from selection_callbacks.scoring.maps.step_maps import OptimizerStepMaps
 from selection_callbacks.scoring.proxy_models import Proxy, gpt_proxy_config, pretrain_on_target, seeded_proxy
-from selection_callbacks.scoring.windows import score_windows
+from selection_callbacks.scoring.windows import candidate_windows, score_windows
 
 TARGET_ROWS = 8  # OPUS's default target_batch_size
 
@@ -153,7 +153,7 @@ def measure(a: Namespace, argv: list[str] | None) -> dict:
             seconds[(m, t, False)] += time.perf_counter() - clock
             for w, c in modes:
                 clock = time.perf_counter()
-                c_rows = score_windows(cand, w, micro_batch_generator(a.seed, 0, i, "window"), context=c)
+                c_rows = candidate_windows(cand, w, a.seed, 0, i, context=c)
                 t_rows = score_windows(target, w, micro_batch_generator(a.seed, 0, i, "proxy-window"), context=c)
                 cut[(m, w, c)].append(fn(c_rows, t_rows))
                 seconds[(m, w, c)] += time.perf_counter() - clock

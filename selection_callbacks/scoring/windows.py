@@ -6,6 +6,8 @@ from collections.abc import Callable, Mapping, MutableMapping
 
 import torch
 
+from selection_callbacks.core.rng import micro_batch_generator
+
 WINDOWED_KEYS = ("input_ids", "labels", "loss_mask")
 
 
@@ -50,6 +52,22 @@ def score_windows(
         return rows
     index = offsets[:, None] + torch.arange(score_len, device=ids.device)[None, :]
     return {k: torch.gather(batch[k], 1, index) for k in WINDOWED_KEYS if k in batch}
+
+
+def candidate_windows(
+    rows: MutableMapping, score_len: int, seed: int, epoch: int, batch_idx: int, rank: int = 0, world_size: int = 1,
+    context: bool = False,
+) -> dict[str, torch.Tensor]:
+    """The micro-batch's candidate windows: :func:`score_windows` with offsets from the micro-batch's ``"window"``
+    stream of ``seed``, so every method that cuts step (``epoch``, ``batch_idx``)'s candidates cuts each the same window,
+    in any process (``rank`` of ``world_size``, as in :func:`score_windows`).
+
+    Example::
+
+        cut = candidate_windows(batch, 16, seed=0, epoch=0, batch_idx=3)  # [N, 16] each, the same on every call
+    """
+    gen = micro_batch_generator(seed, epoch, batch_idx, "window")
+    return score_windows(rows, score_len, gen, rank, world_size, context)
 
 
 def ignores_loss_mask(loss_fn: Callable[[Mapping], torch.Tensor], rows: Mapping) -> bool:

@@ -43,7 +43,12 @@ from selection_callbacks.scoring.ghost.layers import scored_layers, tied_weights
 from selection_callbacks.scoring.losses import per_sample_loss
 from selection_callbacks.scoring.maps.base import StepMaps
 from selection_callbacks.scoring.reliability import split_half_reliability
-from selection_callbacks.scoring.windows import ignored_mask_problem, ignores_loss_mask, score_windows
+from selection_callbacks.scoring.windows import (
+    candidate_windows,
+    ignored_mask_problem,
+    ignores_loss_mask,
+    score_windows,
+)
 
 
 def excluded_layers(
@@ -295,8 +300,8 @@ class GhostSelection(SelectionCallback):
     @override
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> Scores:
         n, k = batch["input_ids"].shape[0], self.keep(batch["input_ids"].shape[0])
-        gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
-        cand = score_windows(batch, self.score_len, gen, trainer.global_rank, trainer.world_size, self.window_context)
+        cand = candidate_windows(batch, self.score_len, self.seed, trainer.current_epoch, batch_idx, trainer.global_rank,
+                                 trainer.world_size, self.window_context)
         target = self._target_batch(trainer, batch_idx, cand["input_ids"].device)
         if ("labels" in cand) != ("labels" in target):
             raise ValueError("candidate and target batches must both carry 'labels' or both not")

@@ -11,11 +11,10 @@ import torch.nn as nn
 from typing_extensions import override
 
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss
-from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.core.selection import SelectionRecord
 from selection_callbacks.methods.bases.proxy import ProxySelection
 from selection_callbacks.scoring.losses import learner_losses
-from selection_callbacks.scoring.windows import score_windows
+from selection_callbacks.scoring.windows import candidate_windows
 
 
 class ClassActSelection(ProxySelection):
@@ -160,9 +159,8 @@ class ClassActSelection(ProxySelection):
         """
         if self.score_len is None:
             return rows
-        gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
         rank, world_size = (0, 1) if global_rows else (trainer.global_rank, trainer.world_size)
-        return score_windows(rows, self.score_len, gen, rank, world_size)
+        return candidate_windows(rows, self.score_len, self.seed, trainer.current_epoch, batch_idx, rank, world_size)
 
     @override
     def score(self, trainer: L.Trainer, pl_module: L.LightningModule, batch: MutableMapping, batch_idx: int) -> torch.Tensor:

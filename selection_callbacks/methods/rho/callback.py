@@ -19,11 +19,10 @@ import torch.nn as nn
 from typing_extensions import override
 
 from selection_callbacks.callbacks.protocols import needs_per_sample_loss
-from selection_callbacks.core.rng import micro_batch_generator
 from selection_callbacks.methods.bases.proxy import ProxySelection
 from selection_callbacks.scoring.losses import learner_losses, per_sample_loss
 from selection_callbacks.scoring.reference_losses import ReferenceLossTable
-from selection_callbacks.scoring.windows import ignored_mask_problem, ignores_loss_mask, score_windows
+from selection_callbacks.scoring.windows import candidate_windows, ignored_mask_problem, ignores_loss_mask
 
 
 class RhoLossSelection(ProxySelection):
@@ -184,9 +183,8 @@ class RhoLossSelection(ProxySelection):
             if problems:
                 raise ValueError(f"{type(self).__name__} cannot score windows in context:\n- " + "\n- ".join(problems))
         if self.score_len is not None:  # both models see the same window of each candidate
-            gen = micro_batch_generator(self.seed, trainer.current_epoch, batch_idx, "window")
-            batch = score_windows(batch, self.score_len, gen, trainer.global_rank, trainer.world_size,
-                                  context=self.window_context)
+            batch = candidate_windows(batch, self.score_len, self.seed, trainer.current_epoch, batch_idx,
+                                      trainer.global_rank, trainer.world_size, self.window_context)
         learner = learner_losses(pl_module, batch, self.meter).float()
         if self.table is not None:
             if not isinstance(batch.get("sample_id"), torch.Tensor):
