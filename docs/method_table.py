@@ -201,11 +201,12 @@ def size_cell(cell: dict | None) -> str:
 
 def render_sizes() -> str:
     """The by-size table from the ladder: a column per rung (smallest first; a rung of another shape after the
-    others, with its sequence length), a row per online method."""
+    others, with its sequence length and vocabulary), a row per online method."""
     ladder = load(LADDER)
     rungs = ladder["rungs"]
     heads = [f"{r['name']} ({r['params'] / 1e6:.2f}M parameters" + (
-        f", T = {r['learner']['block_size']}: another shape, not a size)" if r.get("apart") else ")") for r in rungs]
+        f", T = {r['learner']['block_size']}, {r['learner']['vocab_size']:,}-token vocabulary: another shape, not a size)"
+        if r.get("apart") else ")") for r in rungs]
     lines = ["| method | " + " | ".join(heads) + " |",
              "|---|" + "---:|" * len(rungs)]
     for label, name in SIZE_METHODS:
