@@ -17,7 +17,7 @@ and last validation (the steptime run's own measure), so the data, hooks and log
 The learner's forward, cross-entropy backward and AdamW step over the K × T tokens it trains on, without the
 Trainer, is timed beside it (``learner_step_seconds``); their quotient less one is the framework's share of the
 plain step (``framework_share``), the part a FLOP count cannot see. t_k: seconds of one pass of kind k: a forward
-without gradients over rows × length tokens (length: the method's ``score_len`` when it scores windows, else the
+without gradients over rows × length tokens with each row's mean token loss, as a scoring forward reads it (length: the method's ``score_len`` when it scores windows, else the
 run's T; rows: the pass's tokens / length), a backward the difference between a training pass (forward, backward,
 and an AdamW step for a proxy, which trains; none for the learner's scoring backward) and that forward. Passes
 under ``*_pretrain`` (one-off) are left out, as in the FLOP model. Not timed, so they show in the check as
@@ -103,6 +103,13 @@ def pass_shapes(passes: dict[str, dict[str, Any]]) -> dict[str, list[Call]]:
     return out
 
 
+def row_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
+    """[rows] mean next-token cross-entropy of each row: the log-softmax over the vocabulary that every scoring
+    forward pays (at T = 512 through a 4,096-token head, about a fifth of a 2 × 128 proxy's forward)."""
+    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
+    return nll.view(targets.shape).mean(1)
+
+
 class Timer:
     """Seconds of each shape's pass: after a warm-up call, its mean over repetitions that fill ``budget`` seconds.
 
@@ -122,9 +129,9 @@ class Timer:
         name, rows, length, what = shape
         model = self.models[name]
         ids = torch.randint(0, model.config.vocab_size, (rows, length + 1))
-        if what == "fwd":
+        if what == "fwd":  # a scoring forward: the logits and each row's mean token loss
             with torch.no_grad():
-                model(ids[:, :-1])
+                row_losses(model(ids[:, :-1]), ids[:, 1:])
             return
         logits = model(ids[:, :-1])
         F.cross_entropy(logits.flatten(0, 1), ids[:, 1:].flatten()).backward()

@@ -6,6 +6,7 @@ from __future__ import annotations
 import json
 
 import pytest
+import torch
 import yaml
 
 from bench.harness import pass_timing
@@ -55,6 +56,21 @@ def test_calibrated_ratio_is_the_passes_seconds_over_the_plain_step() -> None:
     out = pass_timing.calibrated(passes, seconds, step=0.5)
     assert out["seconds"] == pytest.approx({"online_fwd": 0.3, "online_bwd": 0.3, "learner_reached_bwd": 0.15})
     assert out["ratio"] == pytest.approx(1 + 0.75 / 0.5)
+
+
+def test_a_forward_is_timed_with_the_row_losses_scoring_reads(monkeypatch) -> None:
+    """A timed forward computes each row's mean token loss over the vocabulary, as a scoring forward does; the loss
+    equals the brute-force mean of −log softmax at the next tokens."""
+    timer = pass_timing.Timer({"proxy": GPTConfig(**LEARNER)}, budget=0.01)
+    seen = []
+    real = pass_timing.row_losses
+    monkeypatch.setattr(pass_timing, "row_losses", lambda logits, targets: seen.append(real(logits, targets)) or seen[-1])
+    timer.call(("proxy", 3, 16, "fwd"))
+    assert len(seen) == 1 and seen[0].shape == (3,)
+    logits, targets = torch.randn(2, 5, 7), torch.randint(0, 7, (2, 5))
+    by_hand = torch.stack([torch.stack([-torch.log_softmax(logits[r, t], 0)[targets[r, t]] for t in range(5)]).mean()
+                           for r in range(2)])
+    torch.testing.assert_close(real(logits, targets), by_hand)
 
 
 def test_time_runs_times_real_passes(tmp_path) -> None:
