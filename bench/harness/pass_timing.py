@@ -17,8 +17,8 @@ and last validation (the steptime run's own measure), so the data, hooks and log
 The learner's forward, cross-entropy backward and AdamW step over the K × T tokens it trains on, without the
 Trainer, is timed beside it (``learner_step_seconds``); their quotient less one is the framework's share of the
 plain step (``framework_share``), the part a FLOP count cannot see. t_k: seconds of one pass of kind k: a forward
-without gradients over rows × length tokens with each row's mean token loss, as a scoring forward reads it (length: the method's ``score_len`` when it scores windows, else the
-run's T; rows: the pass's tokens / length), a backward the difference between a training pass (forward, backward,
+without gradients over rows × length tokens with each row's mean token loss, as a scoring forward reads it (length:
+the method's ``score_len`` when it scores windows, else the run's T; rows: the pass's tokens / length), a backward the difference between a training pass (forward, backward,
 and an AdamW step for a proxy, which trains; none for the learner's scoring backward) and that forward. Passes
 under ``*_pretrain`` (one-off) are left out, as in the FLOP model. Not timed, so they show in the check as
 measured − calibrated: the selection's non-pass work (top-K, gathers, the ghost methods' maps and sketches) and
@@ -55,6 +55,7 @@ from bench.harness.steptime import rerun
 from bench.harness.train_child import ROOT, thread_env
 from selection_callbacks.core.machine_load import LoadSnapshot, other_cpu_seconds
 from selection_callbacks.nn.gpt import GPT, GPTConfig
+from selection_callbacks.scoring.losses import sequence_means, token_losses
 
 Call = tuple[str, int, int, str]
 """One timed call: (model, rows, length, what): ``what`` is ``fwd`` (no gradients), ``train`` (forward, backward,
@@ -104,10 +105,11 @@ def pass_shapes(passes: dict[str, dict[str, Any]]) -> dict[str, list[Call]]:
 
 
 def row_losses(logits: torch.Tensor, targets: torch.Tensor) -> torch.Tensor:
-    """[rows] mean next-token cross-entropy of each row: the log-softmax over the vocabulary that every scoring
-    forward pays (at T = 512 through a 4,096-token head, about a fifth of a 2 × 128 proxy's forward)."""
-    nll = F.cross_entropy(logits.float().flatten(0, 1), targets.flatten(), reduction="none")
-    return nll.view(targets.shape).mean(1)
+    """[rows] mean next-token cross-entropy of each row, through the scoring path's own functions
+    (:func:`token_losses`, :func:`sequence_means`): the log-softmax over the vocabulary that every scoring forward
+    pays (at T = 512 through a 4,096-token head, about a fifth of a 2 × 128 proxy's forward)."""
+    nll, mask, _ = token_losses(logits, {"labels": targets})
+    return sequence_means(nll, mask)
 
 
 class Timer:
