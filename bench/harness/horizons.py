@@ -198,8 +198,8 @@ PLOTS = {"delta": ("delta_vs_horizon.png", "Δ final val bpb vs tuned random (ne
 
 
 def plot(cells: list[dict[str, Any]], rows: dict[str, dict[str, Any]], methods: list[str], out: Path) -> list[Path]:
-    """Δ and tokens × against tokens per parameter (log axis): a panel per method, a line per scale, each seed a
-    point, the mean (Δ: with its 95% interval) a marker."""
+    """Δ and tokens × against tokens per parameter (one log axis for every panel): a panel per method, a line per
+    scale, each seed a point, the mean (Δ: with its 95% interval) a marker."""
     import matplotlib
 
     matplotlib.use("Agg")
@@ -210,7 +210,8 @@ def plot(cells: list[dict[str, Any]], rows: dict[str, dict[str, Any]], methods: 
     scales = list(dict.fromkeys(c["name"] for c in cells))
     written = []
     for kind, (file, ylabel, level) in PLOTS.items():
-        fig, axes = plt.subplots(1, len(names), figsize=(3.3 * len(names), 3.6), sharey=True, squeeze=False)
+        fig, axes = plt.subplots(1, len(names), figsize=(3.3 * len(names), 3.6), sharex=True, sharey=True,
+                                 squeeze=False)
         for ax, name in zip(axes[0], names):
             ax.axhline(level, color="black", lw=0.8)
             for i, scale in enumerate(scales):

@@ -29,7 +29,7 @@ import numpy as np
 import yaml
 from jsonargparse import ArgumentParser
 
-from bench.harness.compare import ROOT, compare, scale_config, tuned_config, tuned_name
+from bench.harness.compare import ROOT, compare, parse_seeds, scale_config, tuned_config, tuned_name
 from bench.harness.compare import build_parser as compare_parser
 
 Point = tuple[tuple[str, str], ...]
@@ -48,12 +48,19 @@ def point_name(point: Point) -> str:
     return "@".join(f"{k.removeprefix('model.')}={v}" for k, v in point) or "defaults"
 
 
-def run_point(a: Any, point: Point) -> dict[str, Any]:
-    """``bench.harness.compare`` of random at this point; its per-seed final bpb."""
+def split_jobs(jobs: int, seeds: int) -> tuple[int, int]:
+    """``jobs`` runs at once as (points at once, seeds at once per point): seeds first, so a sweep of 3 points × 2
+    seeds on 2 jobs trains each point's two seeds together instead of leaving the last point alone on one."""
+    inner = max(1, min(jobs, seeds))
+    return max(1, jobs // inner), inner
+
+
+def run_point(a: Any, point: Point, seed_jobs: int = 1) -> dict[str, Any]:
+    """``bench.harness.compare`` of random at this point, ``seed_jobs`` seeds at once; its per-seed final bpb."""
     out = Path(a.out) / tuned_name(scale_config(a.scale), a.optimizer, a.pool_name, a.tokens) / point_name(point)
     argv = ["--pool", a.pool, "--target", a.target, "--val", a.val, "--methods", "random", "--tokens", str(a.tokens),
             "--seeds", a.seeds, "--scale", a.scale, "--optimizer", a.optimizer, "--evals", str(a.evals),
-            "--out", str(out), "--no-tuned"]
+            "--out", str(out), "--no-tuned", "--jobs", str(seed_jobs)]
     argv += ["--threads", str(a.threads)] if a.threads else []
     argv += ["--", *(x for k, v in point for x in (f"--{k}", v))]
     runs = compare(compare_parser().parse_args(argv))["methods"]["random"]["runs"]
@@ -63,10 +70,11 @@ def run_point(a: Any, point: Point) -> dict[str, Any]:
 
 
 def sweep(a: Any, points: list[Point], done: dict[Point, dict]) -> None:
-    """Run the points not yet done, ``a.jobs`` at a time (processes: each point plots its own report)."""
+    """Run the points not yet done, ``a.jobs`` runs at a time (points in processes: each plots its own report)."""
     todo = [p for p in points if p not in done]
-    with ProcessPoolExecutor(max_workers=a.jobs) as pool:
-        for point, row in zip(todo, pool.map(partial(run_point, a), todo)):
+    point_jobs, seed_jobs = split_jobs(a.jobs, len(parse_seeds(a.seeds)))
+    with ProcessPoolExecutor(max_workers=point_jobs) as pool:
+        for point, row in zip(todo, pool.map(partial(run_point, a, seed_jobs=seed_jobs), todo)):
             done[point] = row
 
 
@@ -109,7 +117,7 @@ def main(argv: list[str] | None = None) -> dict[str, Any]:
     p.add_argument("--then", action="append", default=[], help="key=v1,v2,...: swept alone from the best point so far")
     p.add_argument("--evals", type=int, default=5, help="validation points per run")
     p.add_argument("--threads", type=int, default=None, help="CPU threads per run")
-    p.add_argument("--jobs", type=int, default=1, help="points run at once")
+    p.add_argument("--jobs", type=int, default=1, help="runs at once, a point's seeds together first")
     p.add_argument("--out", default="bench/results/tune")
     p.add_argument("--write-config", type=bool, default=True, help="write configs/tuned/<name>.yaml")
     a = p.parse_args(argv)

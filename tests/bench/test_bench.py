@@ -496,6 +496,14 @@ def test_tune_axes_take_list_values_separated_by_semicolons() -> None:
         parse_axis("model.lr")
 
 
+def test_tune_jobs_train_a_points_seeds_together_before_points_side_by_side() -> None:
+    from bench.harness.tune import split_jobs
+
+    assert split_jobs(2, 2) == (1, 2)  # 3 points × 2 seeds: never a last point alone on one of two cores
+    assert split_jobs(4, 2) == (2, 2) and split_jobs(2, 3) == (1, 2) and split_jobs(3, 1) == (3, 1)
+    assert split_jobs(1, 2) == (1, 1)
+
+
 def test_tune_points_never_train_on_an_earlier_winner(tiny_corpus, tmp_path, monkeypatch) -> None:
     from argparse import Namespace
 
@@ -513,7 +521,8 @@ def test_tune_points_never_train_on_an_earlier_winner(tiny_corpus, tmp_path, mon
     a = Namespace(out=str(tmp_path / "t"), scale=str(scale), optimizer="adamw", pool=tiny_corpus["pool"],
                   target=tiny_corpus["target"], val=tiny_corpus["val"], tokens=768, seeds="1", evals=3, threads=None,
                   pool_name=None)
-    tune.run_point(a, (("model.lr", "0.01"),))
+    tune.run_point(a, (("model.lr", "0.01"),), seed_jobs=2)
+    assert plans[0].args.jobs == 2
     cmd = plans[0].train_command(REGISTRY["random"], 0, None)
     assert plans[0].tuned is None and str(tuned) not in cmd and cmd[-2:] == ["--model.lr", "0.01"]
     assert plans[0].config_hash == before  # a sweep re-run after its winner is written reuses its runs
@@ -528,7 +537,7 @@ def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus,
     out = tune.main(["--pool", tiny_corpus["pool"], "--target", tiny_corpus["target"], "--val", tiny_corpus["val"],
                      "--scale", str(scale), "--tokens", str(6 * 4 * 32), "--seeds", "2", "--evals", "2",
                      "--grid", "model.lr=0.0001,0.01", "--then", "model.min_lr_ratio=0.0", "--out",
-                     str(tmp_path / "tune"), "--write-config", "false"])
+                     str(tmp_path / "tune"), "--write-config", "false", "--jobs", "2"])  # a point's 2 seeds at once
     names = [r["name"] for r in out["rows"]]
     assert names == ["lr=0.0001", "lr=0.01", "lr=0.01@min_lr_ratio=0.0"] and all(len(r["bpb"]) == 2 for r in out["rows"])
     assert out["best"]["point"]["model.lr"] == "0.01"  # 6 steps at 1e-4 barely move a fresh model
