@@ -17,9 +17,10 @@ and last validation (the steptime run's own measure), so the data, hooks and log
 The learner's forward, cross-entropy backward and AdamW step over the K × T tokens it trains on, without the
 Trainer, is timed beside it (``learner_step_seconds``); their quotient less one is the framework's share of the
 plain step (``framework_share``), the part a FLOP count cannot see. t_k: seconds of one pass of kind k: a forward
-without gradients over rows × length tokens with each row's mean token loss, as a scoring forward reads it (length:
-the method's ``score_len`` when it scores windows, else the run's T; rows: the pass's tokens / length), a backward the difference between a training pass (forward, backward,
-and an AdamW step for a proxy, which trains; none for the learner's scoring backward) and that forward. Passes
+without gradients over rows × length tokens with each row's mean token loss, as a scoring forward reads it
+(length: the method's ``score_len`` when it scores windows, else the run's T; rows: the pass's tokens / length), a
+backward the difference between a training pass (forward, backward, and an AdamW step for a proxy, which trains;
+none for the learner's scoring backward) and that forward. Passes
 under ``*_pretrain`` (one-off) are left out, as in the FLOP model. Not timed, so they show in the check as
 measured − calibrated: the selection's non-pass work (top-K, gathers, the ghost methods' maps and sketches) and
 cache effects between the selection and the training step.
