@@ -7,6 +7,8 @@
   Δ against random with the 95% paired-t interval, p, share of the oracle's gain) and a plot of val bpb
   against update tokens (the seeds' mean per method), both computed from its committed ``results.json``,
   followed by the comparison's README;
+- the README's tables: ``<!-- method-table -->``, ``<!-- pool-table -->``, ``<!-- size-table -->`` and
+  ``<!-- horizon-table -->`` become the tables ``docs/method_table.py`` renders into the README;
 - the command reference: ``<!-- cli-help -->`` in ``cli.md`` becomes the ``--help`` of every
   ``selection-callbacks`` subcommand.
 
@@ -125,8 +127,13 @@ def curves_png(name: str, results: dict) -> bytes:
 
 def on_page_markdown(markdown, page, config, files):
     source = SOURCES.get(page.file.src_uri, f"docs/{page.file.src_uri}")
-    if "<!-- method-table -->" in markdown:  # the README's table, its root-relative links seen from docs/
-        markdown = markdown.replace("<!-- method-table -->", method_table().render().replace("](", "](../"))
+    if "-table -->" in markdown:  # the README's tables, their root-relative links seen from docs/
+        table = method_table()
+        renders = {"method": table.render, "pool": table.render_pools, "size": table.render_sizes,
+                   "horizon": table.render_horizons}
+        for name, render in renders.items():
+            if f"<!-- {name}-table -->" in markdown:
+                markdown = markdown.replace(f"<!-- {name}-table -->", render().replace("](", "](../"))
     if "<!-- cli-help -->" in markdown:
         markdown = markdown.replace("<!-- cli-help -->", cli_help())
     out, fenced = [], False
