@@ -134,6 +134,10 @@ def on_page_markdown(markdown, page, config, files):
         for name, render in renders.items():
             if f"<!-- {name}-table -->" in markdown:
                 markdown = markdown.replace(f"<!-- {name}-table -->", render().replace("](", "](../"))
+        unknown = re.findall(r"<!-- [\w-]+-table -->", markdown)
+        if unknown:
+            raise ValueError(f"{page.file.src_uri}: no table is rendered for {unknown}; use one of "
+                             f"{[f'<!-- {name}-table -->' for name in renders]}")
     if "<!-- cli-help -->" in markdown:
         markdown = markdown.replace("<!-- cli-help -->", cli_help())
     out, fenced = [], False
