@@ -24,7 +24,7 @@ Per method and scale the report states whether its gain at the scale's longest r
 shortest run's 95% interval), *shrinks* or *grows* (outside it, closer to or further from 0), or *vanishes* (its
 own interval includes 0). Writes ``report.md``, ``horizons.json``, ``delta_vs_horizon.png``,
 ``tokens_vs_horizon.png`` and, for ``--curves CELL``, ``curves-CELL.png`` (every method's val bpb against update
-tokens, mean over seeds).
+tokens, mean over seeds, beside its paired difference from random's).
 """
 
 from __future__ import annotations
@@ -245,24 +245,53 @@ def plot(cells: list[dict[str, Any]], rows: dict[str, dict[str, Any]], methods: 
     return written
 
 
+def paired_gap(results: dict[str, Any], method: str) -> list[float] | None:
+    """Mean over the seeds both ran of the method's val bpb minus random's at each evaluation; None without one.
+
+    Δ_e = (1/|S|) Σ_{s∈S} (bpb_method,s,e − bpb_random,s,e), S the seeds of both.
+
+    Args:
+        results: a ``bench.harness.compare`` results.json, each run's ``curve`` rows [tokens, seconds, bpb].
+        method: a method of ``results``.
+
+    Example:
+        >>> run = lambda s, bpbs: {"seed": s, "curve": [[t, 0.0, b] for t, b in zip((1, 2), bpbs)]}
+        >>> results = {"methods": {"random": {"runs": [run(0, (3.0, 2.0))]},
+        ...                        "rho": {"runs": [run(0, (2.5, 1.75)), run(1, (2.0, 1.0))]}}}
+        >>> paired_gap(results, "rho")  # seed 1 has no random to pair with
+        [-0.5, -0.25]
+    """
+    random = {r["seed"]: [p[2] for p in r["curve"]] for r in results["methods"]["random"]["runs"]}
+    paired = [np.subtract([p[2] for p in r["curve"]], random[r["seed"]])
+              for r in results["methods"][method]["runs"] if r["seed"] in random]
+    return [float(d) for d in np.mean(paired, axis=0)] if paired else None
+
+
 def plot_curves(cell: dict[str, Any], methods: list[str], out: Path) -> Path:
-    """Every method's val bpb against update tokens in one cell, the mean over seeds at each evaluation."""
+    """Every method's val bpb against update tokens in one cell, the mean over seeds at each evaluation (left), and
+    its paired difference from random's, the mean over the seeds both ran (right: where a gain opens or closes)."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, ax = plt.subplots(figsize=(7.5, 4.4))
+    fig, (ax, gap) = plt.subplots(1, 2, figsize=(12, 4.4))
     for i, name in enumerate(m for m in methods if m in cell["results"]["methods"]):
         runs = cell["results"]["methods"][name]["runs"]
-        curve = np.mean([[p[2] for p in r["curve"]] for r in runs], axis=0)
-        ax.plot([p[0] for p in runs[0]["curve"]], curve, "-", color=plt.get_cmap("tab10")(i % 10),
-                label=f"{name} ({len(runs)} seeds)")
-    ax.set_xlabel("update tokens")
+        millions = [p[0] / 1e6 for p in runs[0]["curve"]]
+        style = {"color": plt.get_cmap("tab10")(i % 10), "label": f"{name} ({len(runs)} seed{'s' * (len(runs) > 1)})"}
+        ax.plot(millions, np.mean([[p[2] for p in r["curve"]] for r in runs], axis=0), "-", **style)
+        gaps = paired_gap(cell["results"], name)
+        if gaps is not None:
+            gap.plot(millions, gaps, "-", **style)
     ax.set_ylabel("val bpb, mean over seeds")
-    ax.set_title(f"{cell['cell']}: {cell['tokens_per_param']:.0f} update tokens per parameter", fontsize=9)
-    ax.grid(alpha=0.3)
+    gap.set_ylabel("Δ val bpb vs random, paired by seed")
+    gap.axhline(0.0, color="black", lw=0.8)
+    for axis in (ax, gap):
+        axis.set_xlabel("update tokens (millions)")
+        axis.grid(alpha=0.3)
     ax.legend(fontsize=8)
+    fig.suptitle(f"{cell['cell']}: {cell['tokens_per_param']:.0f} update tokens per parameter", fontsize=9)
     fig.tight_layout()
     path = out / f"curves-{cell['cell']}.png"
     fig.savefig(path, dpi=110, bbox_inches="tight")

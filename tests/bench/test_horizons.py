@@ -47,6 +47,18 @@ def test_token_multiplier_is_the_crossing_over_randoms_tokens() -> None:
     assert horizons.token_multipliers(_results({"random": [3.0], "m": [3.5]}, 1000), "m") == [None]
 
 
+
+def test_paired_gap_is_the_mean_over_shared_seeds_of_each_evaluations_difference() -> None:
+    results = _results({"random": [3.0, 2.5], "m": [2.0, 2.6, 1.0]}, 1000)  # m's seed 2 has no random
+    runs = results["methods"]
+    brute = [np.mean([runs["m"]["runs"][s]["curve"][e][2] - runs["random"]["runs"][s]["curve"][e][2] for s in (0, 1)])
+             for e in range(5)]
+    assert horizons.paired_gap(results, "m") == pytest.approx(brute)
+    assert horizons.paired_gap(results, "random") == [0.0] * 5
+    unpaired = {"methods": {"random": {"runs": [_run(0, 3.0, 1000)]}, "m": {"runs": [_run(1, 2.0, 1000)]}}}
+    assert horizons.paired_gap(unpaired, "m") is None
+
+
 def test_reference_steps_variant_is_timed_as_its_base_with_a_scaled_startup() -> None:
     assert horizons.base_variant("rho@score_len=16@reference_steps=1200") == ("rho@score_len=16", 1200)
     assert horizons.base_variant("opus") is None
