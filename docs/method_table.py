@@ -204,7 +204,7 @@ def render_sizes() -> str:
     others, with its sequence length and vocabulary), a row per online method."""
     ladder = load(LADDER)
     rungs = ladder["rungs"]
-    heads = [f"{r['name']} ({r['params'] / 1e6:.2f}M parameters" + (
+    heads = [f"{r['name']} ({r['params'] / 1e6:.2f}M parameters, {per_param(r['tokens_per_param'])} tokens per parameter" + (
         f", T = {r['learner']['block_size']}, {r['learner']['vocab_size']:,}-token vocabulary: another shape, not a size)"
         if r.get("apart") else ")") for r in rungs]
     lines = ["| method | " + " | ".join(heads) + " |",
@@ -212,6 +212,11 @@ def render_sizes() -> str:
     for label, name in SIZE_METHODS:
         lines.append(f"| {label} | " + " | ".join(size_cell(ladder["cells"][r["name"]].get(name)) for r in rungs) + " |")
     return "\n".join(lines) + "\n"
+
+
+def per_param(tokens_per_param: float) -> str:
+    """``"14"`` or, below 10, ``"2.3"``: update tokens per learner parameter to two significant figures."""
+    return f"{tokens_per_param:.0f}" if tokens_per_param >= 10 else f"{tokens_per_param:.1f}"
 
 
 def p_text(p: float) -> str:
@@ -237,7 +242,7 @@ def render_horizons() -> str:
     """The by-run-length table from the horizon report: a column per cell (by scale, then run length)."""
     report = load(HORIZONS)
     cells = sorted(report["cells"], key=lambda c: (c["params"], c["tokens"]))
-    lines = ["| method | " + " | ".join(f"{c['name']}, {c['tokens'] / 1e6:.1f}M tokens ({c['tokens_per_param']:.0f} per "
+    lines = ["| method | " + " | ".join(f"{c['name']}, {c['tokens'] / 1e6:.1f}M tokens ({per_param(c['tokens_per_param'])} per "
                                           "parameter)" for c in cells) + " |",
              "|---|" + "---:|" * len(cells)]
     for label, name in HORIZON_METHODS:
