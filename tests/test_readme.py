@@ -46,14 +46,14 @@ def test_method_table_rows_and_intervals() -> None:
 
 def test_a_rung_apart_is_headed_with_its_shape(monkeypatch) -> None:
     table = method_table()
-    ladder = {"rungs": [{"name": "cpu-tiny", "params": 890_000, "learner": {"block_size": 128}},
-                        {"name": "cpu-tiny-t512", "params": 1_900_000, "apart": True,
+    ladder = {"rungs": [{"name": "cpu-tiny", "params": 890_000, "tokens_per_param": 2.3, "learner": {"block_size": 128}},
+                        {"name": "cpu-tiny-t512", "params": 1_900_000, "tokens_per_param": 22.4, "apart": True,
                          "learner": {"block_size": 512, "vocab_size": 4096}}],
               "cells": {"cpu-tiny": {}, "cpu-tiny-t512": {}}}
     monkeypatch.setattr(table, "load", lambda relative: ladder)
     assert table.render_sizes().splitlines()[0] == (
-        "| method | cpu-tiny (0.89M parameters) | cpu-tiny-t512 (1.90M parameters, "
-        "T = 512, 4,096-token vocabulary: another shape, not a size) |")
+        "| method | cpu-tiny (0.89M parameters, 2.3 tokens per parameter) | cpu-tiny-t512 (1.90M parameters, "
+        "22 tokens per parameter, T = 512, 4,096-token vocabulary: another shape, not a size) |")
 
 
 def test_stale_table_is_detected(tmp_path) -> None:
