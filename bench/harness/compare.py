@@ -9,7 +9,8 @@ subprocess (``--jobs`` of them at once); its ``metrics.json`` holds val bpb at f
 training wall-clock. Finished runs are skipped on re-run: from their run folder, or, where that is gone (a fresh
 clone), from their record in the ``results.json`` they were written to. ``results.json`` (every run's record: its
 curve and what its metrics.json holds) is rewritten as each run finishes, so a comparison committed part-way resumes
-where it stopped; ``report.md`` and plots follow at the end (``python -m bench.harness.report`` redraws them from
+where it stopped; a re-run listing fewer methods or seeds keeps the other records, and a results.json of another
+config is refused, not overwritten; ``report.md`` and plots follow at the end (``python -m bench.harness.report`` redraws them from
 results.json alone; a committed comparison keeps results.json, report.md and a README, not the runs or plots).
 
 A method name may carry selection-argument overrides for sweeps, ``name@arg=value[@arg=value]``:
@@ -243,16 +244,36 @@ def identity_digest(identity: str) -> str:
     return hashlib.sha256(identity.encode()).hexdigest()[:16]
 
 
-def recorded_runs(out: Path, config_hash: str) -> dict[tuple[str, int], dict[str, Any]]:
-    """The run records of the ``results.json`` already in ``out`` under the same config, by (method, seed); only
-    records that carry their method's identity digest (older ones are rerun)."""
+def earlier_results(out: Path, config_hash: str) -> dict[str, Any]:
+    """The ``results.json`` already in ``out`` (``{}`` if none); one of another config is refused, not overwritten."""
     path = out / "results.json"
     if not path.exists():
         return {}
     earlier = json.loads(path.read_text())
     if earlier.get("config_hash") != config_hash:
-        return {}
-    return {(name, r["seed"]): r for name, entry in earlier["methods"].items() for r in entry["runs"] if "identity" in r}
+        runs = sum(len(entry["runs"]) for entry in earlier.get("methods", {}).values())
+        raise SystemExit(
+            f"[bench] {path} records {runs} runs of comparison config {earlier.get('config_hash')}, this one is "
+            f"{config_hash} (another scale, pool, budget, tuned baseline or train.py flags): use another --out, or "
+            "move that results.json aside to start this folder over"
+        )
+    return earlier
+
+
+def recorded_runs(earlier: dict[str, Any]) -> dict[tuple[str, int], dict[str, Any]]:
+    """The run records of an earlier ``results.json`` by (method, seed); only records that carry their method's
+    identity digest (older ones are rerun)."""
+    return {(name, r["seed"]): r for name, entry in earlier.get("methods", {}).items() for r in entry["runs"]
+            if "identity" in r}
+
+
+def kept_records(earlier: dict[str, Any], order: list[tuple[int, Method]]) -> dict[str, Any]:
+    """An earlier ``results.json``'s methods, each with only the runs this comparison does not list: a re-run with
+    fewer methods or seeds keeps what was recorded before."""
+    listed = {(m.name, seed) for seed, m in order}
+    kept = {name: {**entry, "runs": [r for r in entry["runs"] if (name, r["seed"]) not in listed]}
+            for name, entry in earlier.get("methods", {}).items()}
+    return {name: entry for name, entry in kept.items() if entry["runs"]}
 
 
 def reused_record(plan: Plan, method: Method, seed: int, record: dict[str, Any]) -> dict[str, Any]:
@@ -365,12 +386,16 @@ def tuning_runs(plan: Plan, point: Path) -> dict[tuple[int, str], dict[str, Any]
     return {(r["seed"], "random"): r for r in earlier["methods"]["random"]["runs"]}
 
 
-def method_records(order: list[tuple[int, Method]], runs: dict[tuple[int, str], dict[str, Any]]) -> dict[str, Any]:
-    """results.json's ``methods``: each method's finished runs in seed order."""
+def method_records(order: list[tuple[int, Method]], runs: dict[tuple[int, str], dict[str, Any]],
+                   kept: dict[str, Any]) -> dict[str, Any]:
+    """results.json's ``methods``: each method's finished runs and its ``kept`` ones from before, in seed order."""
     methods: dict[str, Any] = {}
     for seed, m in order:
         if (seed, m.name) in runs:
             methods.setdefault(m.name, {"offline": m.offline, "family": m.family, "runs": []})["runs"].append(runs[(seed, m.name)])
+    for name, entry in kept.items():
+        merged = methods.setdefault(name, {**entry, "runs": []})
+        merged["runs"] = sorted(merged["runs"] + entry["runs"], key=lambda r: r["seed"])
     return methods
 
 
@@ -383,9 +408,11 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
           f"eval every {plan.eval_every} steps, seeds {seeds}", flush=True)
     out = Path(args.out)
     out.mkdir(parents=True, exist_ok=True)
-    recorded = recorded_runs(out, plan.config_hash)
+    earlier = earlier_results(out, plan.config_hash)
+    recorded = recorded_runs(earlier)
     results: dict[str, Any] = {"commit": git_commit(), "config_hash": plan.config_hash, "config": plan.config, "methods": {}}
     order = [(seed, method) for seed in seeds for method in methods]  # seed-major: a partial comparison is already paired
+    kept = kept_records(earlier, order)
     runs = {(seed, m.name): reused_record(plan, m, seed, recorded[(m.name, seed)]) for seed, m in order
             if (m.name, seed) in recorded and not (plan.run_dir(m, seed) / "metrics.json").exists()}
     if args.random_from:
@@ -405,13 +432,14 @@ def compare(args: argparse.Namespace) -> dict[str, Any]:
         pending = {pool.submit(run_one, plan, m, seed): (seed, m.name) for seed, m in todo}
         for done in as_completed(pending):
             runs[pending[done]] = done.result()
-            results["methods"] = method_records(order, runs)
+            results["methods"] = method_records(order, runs, kept)
             (out / "results.json").write_text(json.dumps(results, indent=1))
-    results["methods"] = method_records(order, runs)
+    results["methods"] = method_records(order, runs, kept)
     for name, entry in results["methods"].items():
         base = {r["seed"]: r["wall_seconds"] for r in results["methods"]["random"]["runs"]}
         for r in entry["runs"]:
-            r["step_time_ratio"] = r["wall_seconds"] / base[r["seed"]]
+            if r["seed"] in base:
+                r["step_time_ratio"] = r["wall_seconds"] / base[r["seed"]]
     (out / "results.json").write_text(json.dumps(results, indent=1))
     write_report(results, out)
     print(f"[bench] wrote {out / 'results.json'} and {out / 'report.md'}", flush=True)

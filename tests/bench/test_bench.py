@@ -147,6 +147,27 @@ def test_a_fresh_clone_resumes_from_the_committed_results_json(bench_run, tiny_c
         [r["final_val_bpb"] for r in results["methods"]["random"]["runs"]], abs=1e-6)
 
 
+
+def test_a_rerun_with_fewer_methods_and_seeds_keeps_every_earlier_record(bench_run, tiny_corpus, tmp_path) -> None:
+    root, scale, results = bench_run
+    (tmp_path / "results.json").write_text((root / "out" / "results.json").read_text())
+    bench_compare.main(_args(tiny_corpus, tmp_path, scale, "random", seeds="1"))  # random seed 0 alone, recorded
+    on_disk = json.loads((tmp_path / "results.json").read_text())
+    assert list(on_disk["methods"]) == ["random", "high_loss", "oracle", "first_docs"]
+    for name, entry in results["methods"].items():
+        assert [(r["seed"], r["final_val_bpb"]) for r in on_disk["methods"][name]["runs"]] == [
+            (r["seed"], r["final_val_bpb"]) for r in entry["runs"]]
+
+
+def test_a_results_json_of_another_config_is_refused_not_overwritten(bench_run, tiny_corpus, tmp_path) -> None:
+    root, scale, _ = bench_run
+    other = json.loads((root / "out" / "results.json").read_text()) | {"config_hash": "0" * 12}
+    (tmp_path / "results.json").write_text(json.dumps(other))
+    with pytest.raises(SystemExit, match="records 8 runs of comparison config 000000000000.*move that results.json aside"):
+        bench_compare.main(_args(tiny_corpus, tmp_path, scale, "random"))
+    assert json.loads((tmp_path / "results.json").read_text()) == other
+
+
 def test_runs_trained_at_once_match_runs_trained_one_by_one(bench_run, tiny_corpus, tmp_path) -> None:
     root, scale, results = bench_run
     both = bench_compare.main([*_args(tiny_corpus, tmp_path, scale, "random,high_loss"), "--jobs", "2"])
