@@ -577,6 +577,7 @@ def test_tune_sweeps_paired_random_runs_and_compare_uses_the_winner(tiny_corpus,
     assert {r["seed"]: r["final_val_bpb"] for r in cell["methods"]["random"]["runs"]} == out["best"]["bpb"]
     assert len(list((tmp_path / "cell" / "runs").glob("*/random/seed*"))) == 0
     tuned.write_text("model:\n  lr: 0.5\n")
+    argv[argv.index("--out") + 1] = str(tmp_path / "other-cell")  # another config: "cell" keeps its own
     with pytest.raises(SystemExit, match="not this comparison's random"):
         bench_compare.main([*argv, "--random-from", out["best"]["folder"]])
 
