@@ -10,8 +10,9 @@ training wall-clock. Finished runs are skipped on re-run: from their run folder,
 clone), from their record in the ``results.json`` they were written to. ``results.json`` (every run's record: its
 curve and what its metrics.json holds) is rewritten as each run finishes, so a comparison committed part-way resumes
 where it stopped; a re-run listing fewer methods or seeds keeps the other records, and a results.json of another
-config is refused, not overwritten; ``report.md`` and plots follow at the end (``python -m bench.harness.report`` redraws them from
-results.json alone; a committed comparison keeps results.json, report.md and a README, not the runs or plots).
+config is refused, not overwritten. ``report.md`` and plots follow at the end (``python -m bench.harness.report``
+redraws them from results.json alone; a committed comparison keeps results.json, report.md and a README, not the runs
+or plots).
 
 A method name may carry selection-argument overrides for sweeps, ``name@arg=value[@arg=value]``:
 ``opus@temperature=0.5`` runs ``opus`` with ``--selection.init_args.temperature 0.5`` (and is
