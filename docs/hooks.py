@@ -128,9 +128,7 @@ def curves_png(name: str, results: dict) -> bytes:
 def on_page_markdown(markdown, page, config, files):
     source = SOURCES.get(page.file.src_uri, f"docs/{page.file.src_uri}")
     if "-table -->" in markdown:  # the README's tables, their root-relative links seen from docs/
-        table = method_table()
-        renders = {"method": table.render, "pool": table.render_pools, "size": table.render_sizes,
-                   "horizon": table.render_horizons}
+        renders = method_table().TABLES
         for name, render in renders.items():
             if f"<!-- {name}-table -->" in markdown:
                 markdown = markdown.replace(f"<!-- {name}-table -->", render().replace("](", "](../"))

@@ -52,9 +52,6 @@ from bench.harness.report import fmt_relative, summarize  # noqa: E402
 
 RESULTS = ROOT / "bench" / "results"
 START, END = "<!-- method-table:start -->", "<!-- method-table:end -->"
-SIZE_START, SIZE_END = "<!-- size-table:start -->", "<!-- size-table:end -->"
-POOL_START, POOL_END = "<!-- pool-table:start -->", "<!-- pool-table:end -->"
-HORIZON_START, HORIZON_END = "<!-- horizon-table:start -->", "<!-- horizon-table:end -->"
 LADDER = "ladder/ladder.json"
 HORIZONS = "horizons/horizons.json"
 POOLS = (("Debian packages' files", "horizons/cpu-tiny-2M"), ("Python wheels' files", "horizons/packages-cpu-tiny-2M"),
@@ -215,7 +212,7 @@ def render_sizes() -> str:
 
 
 def per_param(tokens_per_param: float) -> str:
-    """``"14"`` or, below 10, ``"2.3"``: update tokens per learner parameter to two significant figures."""
+    """``"14"`` or, below 10, ``"2.3"``: update tokens per learner parameter, whole from 10 up, one decimal below."""
     return f"{tokens_per_param:.0f}" if tokens_per_param >= 10 else f"{tokens_per_param:.1f}"
 
 
@@ -262,11 +259,16 @@ def replaced(text: str, table: str, start: str = START, end: str = END) -> str:
     return f"{head}{start}\n{table}{end}{tail}"
 
 
+TABLES = {"method": render, "size": render_sizes, "pool": render_pools, "horizon": render_horizons}
+"""Each README table's name (its markers ``<!-- NAME-table:start -->``/``:end``; the docs' ``<!-- NAME-table -->``)
+and the function that renders it."""
+
+
 def regenerated(text: str) -> str:
     """README.md's text with its four tables rewritten from the results."""
-    text = replaced(text, render_pools(), POOL_START, POOL_END)
-    text = replaced(text, render_horizons(), HORIZON_START, HORIZON_END)
-    return replaced(replaced(text, render()), render_sizes(), SIZE_START, SIZE_END)
+    for name, render_table in TABLES.items():
+        text = replaced(text, render_table(), f"<!-- {name}-table:start -->", f"<!-- {name}-table:end -->")
+    return text
 
 
 def main(argv: list[str]) -> int:
